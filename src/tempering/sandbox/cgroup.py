@@ -1,0 +1,267 @@
+"""Linux cgroups for sandbox limits: memory, pids and cpu, on cgroup v1 or v2.
+
+Every sandbox gets one cgroup per controller (v1) or one cgroup (v2) below a directory that
+names the owning process (``tempering/<pid>-<start time>``), so that cgroups left by a process
+that crashed can be found, emptied and removed by the next one (``reclaim``). On v1 the tree sits
+below this process's own cgroup, so any limit around the harness (a test guard, a container)
+also bounds its sandboxes; v2 forbids processes in inner nodes, so there it sits at the root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tempering.errors import SandboxUnavailableError
+
+CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) of each cgroup mount."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if rfields and rfields[0] in ("cgroup", "cgroup2"):
+                found.append((fields[4], rfields[0], set(rfields[2].split(",")) if len(rfields) > 2
+                              else set()))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """This process's cgroup path per v1 controller, and under "" for v2."""
+    paths = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for ctrl in ctrls.split(",") if ctrls else [""]:
+                paths[ctrl] = path
+    return paths
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def owner_tag(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{process_start_time(pid)}"
+
+
+def _owner_alive(tag: str) -> bool:
+    pid, _, start = tag.partition("-")
+    if not pid.isdigit():
+        return True  # not ours to judge
+    return str(process_start_time(int(pid))) == start
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where sandbox cgroups go: one base directory per controller (v1) or one (v2)."""
+
+    version: int
+    bases: dict[str, Path]  # controller -> <...>/tempering
+
+    @classmethod
+    def detect(cls) -> Hierarchy:
+        mounts = _mounts()
+        own = _own_paths()
+        v1 = {}
+        for point, fstype, opts in mounts:
+            if fstype == "cgroup":
+                for ctrl in CONTROLLERS:
+                    if ctrl in opts and ctrl not in v1:
+                        v1[ctrl] = Path(point) / own.get(ctrl, "/").lstrip("/") / "tempering"
+        if len(v1) == len(CONTROLLERS):
+            return cls(1, v1)
+        for point, fstype, _ in mounts:
+            if fstype != "cgroup2":
+                continue
+            available = (Path(point) / "cgroup.controllers").read_text().split()
+            if all(c in available for c in CONTROLLERS):
+                return cls(2, {"": Path(point) / "tempering"})
+        missing = [c for c in CONTROLLERS if c not in v1]
+        raise SandboxUnavailableError(
+            f"the cgroup controllers {', '.join(missing)} are not available here; the local "
+            "backend needs memory, pids and cpu cgroups (mount them, or run as root on a host "
+            "that has them)")
+
+    def owner_dirs(self, tag: str) -> dict[str, Path]:
+        return {ctrl: base / tag for ctrl, base in self.bases.items()}
+
+    def prepare(self, tag: str) -> None:
+        """Create this owner's directories (and, on v2, enable the controllers down to them)."""
+        for ctrl, base in self.bases.items():
+            if self.version == 2:
+                _enable_controllers(base.parent)
+                base.mkdir(exist_ok=True)
+                _enable_controllers(base)
+                (base / tag).mkdir(exist_ok=True)
+                _enable_controllers(base / tag)
+            else:
+                (base / tag).mkdir(parents=True, exist_ok=True)
+                if ctrl == "memory":  # v1: children inherit hierarchical accounting
+                    with contextlib.suppress(OSError):
+                        (base / "memory.use_hierarchy").write_text("1")
+
+
+def _enable_controllers(path: Path) -> None:
+    wanted = " ".join(f"+{c}" for c in CONTROLLERS)
+    with contextlib.suppress(OSError):
+        (path / "cgroup.subtree_control").write_text(wanted)
+
+
+class SandboxCgroup:
+    """The cgroup(s) of one sandbox."""
+
+    def __init__(self, hierarchy: Hierarchy, tag: str, name: str) -> None:
+        self.hierarchy = hierarchy
+        self.paths = {ctrl: d / name for ctrl, d in hierarchy.owner_dirs(tag).items()}
+
+    def create(self, *, memory_mb: int, pids: int, cpus: float) -> None:
+        for path in self.paths.values():
+            path.mkdir()
+        memory = memory_mb << 20
+        quota = max(int(cpus * CPU_PERIOD_US), 1000)
+        if self.hierarchy.version == 1:
+            p = self.paths
+            (p["memory"] / "memory.limit_in_bytes").write_text(str(memory))
+            with contextlib.suppress(OSError):  # absent without swap accounting
+                (p["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory))
+            (p["pids"] / "pids.max").write_text(str(pids))
+            (p["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (p["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            path = self.paths[""]
+            (path / "memory.max").write_text(str(memory))
+            with contextlib.suppress(OSError):
+                (path / "memory.swap.max").write_text("0")
+            (path / "pids.max").write_text(str(pids))
+            (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+
+    def attach(self, pid: int) -> None:
+        for path in self.paths.values():
+            (path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        if self.hierarchy.version == 1:
+            name, path = "memory.oom_control", self.paths["memory"]
+        else:
+            name, path = "memory.events", self.paths[""]
+        try:
+            text = (path / name).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def memory_peak(self) -> int | None:
+        path, name = ((self.paths["memory"], "memory.max_usage_in_bytes")
+                      if self.hierarchy.version == 1 else (self.paths[""], "memory.peak"))
+        try:
+            return int((path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def remove(self, *, timeout: float = 5.0) -> None:
+        """Kill whatever is left inside and remove the cgroup(s)."""
+        for path in self.paths.values():
+            remove_cgroup(path, timeout=timeout)
+
+
+def remove_cgroup(path: Path, *, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    for child in _subdirs(path):
+        remove_cgroup(child, timeout=timeout)
+    delay = 0.0005
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        _kill_members(path)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def _kill_members(path: Path) -> None:
+    try:
+        pids = (path / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def reclaim(hierarchy: Hierarchy) -> int:
+    """Remove the sandbox cgroups of owners that no longer run; kill what is inside them.
+
+    Returns how many sandbox cgroups were removed.
+    """
+    removed = 0
+    for base in hierarchy.bases.values():
+        for owner in _subdirs(base):
+            if _owner_alive(owner.name):
+                continue
+            for sandbox in _subdirs(owner):
+                remove_cgroup(sandbox)
+                removed += 1
+            with contextlib.suppress(OSError):
+                owner.rmdir()
+    return removed
+
+
+def enter_guard(*, pids: int, memory_mb: int) -> Path | None:
+    """Move this process into a new cgroup with a pids and memory ceiling (v1 or v2).
+
+    Used by the test suite so that a containment failure cannot take the machine down. Returns
+    the cgroup path, or None where cgroups cannot be written (not root).
+    """
+    if os.geteuid() != 0:
+        return None
+    name = f"tempering-guard-{os.getpid()}"
+    own = _own_paths()
+    entered = None
+    for point, fstype, opts in _mounts():
+        if fstype == "cgroup":
+            ctrl = next((c for c in ("pids", "memory") if c in opts), None)
+            if ctrl is None:
+                continue
+            path = Path(point) / own.get(ctrl, "/").lstrip("/") / name
+            path.mkdir(exist_ok=True)
+            if ctrl == "pids":
+                (path / "pids.max").write_text(str(pids))
+            else:
+                (path / "memory.limit_in_bytes").write_text(str(memory_mb << 20))
+            (path / "cgroup.procs").write_text(str(os.getpid()))
+            entered = path
+    return entered

@@ -1,0 +1,471 @@
+/*
+ * tempering-init: PID 1 of a local sandbox.
+ *
+ * bubblewrap builds the namespaces and the read-only root, then executes this program as the
+ * sandbox's first process. It does three things and nothing else:
+ *
+ *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
+ *      size-limited tmpfs and binds two directories of it at the workdir and /tmp, so both count
+ *      against one disk budget. Then it becomes an ordinary user in a nested user namespace,
+ *      with no capability left, and installs a seccomp filter.
+ *   2. It is a fork server: the host sends EXEC requests over a SOCK_SEQPACKET socket (argv[1]),
+ *      with the command's stdin/stdout/stderr as SCM_RIGHTS file descriptors. A command in a
+ *      live sandbox costs one fork here, never a new sandbox.
+ *   3. It reaps, reports exit statuses, and kills whole process trees on request.
+ *
+ * Every command runs under a "shepherd": a child of init that is a child subreaper and forks the
+ * command. Whatever the command starts (double forks and setsid daemons included) stays a
+ * descendant of the shepherd, so a timeout can kill all of it and nothing else. The shepherd
+ * exits with the command's status as soon as the command exits; daemons it leaves behind are
+ * reparented to init and live until the sandbox closes.
+ *
+ * Wire format (native byte order, both ends run on this machine):
+ *   host -> init  EXEC  {u32 type=1, u32 id, u32 nargs, u32 nenv} cwd\0 argv...\0 env...\0 + 3 fds
+ *                 KILL  {u32 type=2, u32 id, u32 signal, u32 mode}  mode 0: the whole tree;
+ *                       mode 1: only processes started since the last MARK (not the main one)
+ *                 MARK  {u32 type=3, u32 id, 0, 0}  remember the processes of id's tree now
+ *   init -> host  READY {u32 type=100, 0, 0, 0} [error text]
+ *                 EXIT  {u32 type=101, u32 id, i32 wait_status, 0}
+ *                 MARKED{u32 type=102, u32 id, 0, 0}
+ *                 FAIL  {u32 type=103, u32 id, i32 errno, 0} error text (the command never ran)
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/sched.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3 };
+enum { MSG_READY = 100, MSG_EXIT = 101, MSG_MARKED = 102, MSG_FAIL = 103 };
+static int CTL_FD = 3;
+enum { MAX_MSG = 1 << 20, MAX_JOBS = 4096, MAX_PROCS = 65536 };
+
+struct header { uint32_t type, id, a, b; };
+
+struct job { uint32_t id; pid_t shepherd; pid_t main; pid_t *marked; int nmarked; };
+
+static struct job jobs[MAX_JOBS];
+static int njobs;
+static char msgbuf[MAX_MSG + 1];
+extern char **environ;
+
+static void send_msg(uint32_t type, uint32_t id, uint32_t a, const char *text) {
+    char buf[sizeof(struct header) + 512];
+    struct header h = { type, id, a, 0 };
+    size_t n = text ? strnlen(text, 511) : 0;
+    memcpy(buf, &h, sizeof h);
+    if (n) memcpy(buf + sizeof h, text, n);
+    while (send(CTL_FD, buf, sizeof h + n, MSG_NOSIGNAL) < 0 && errno == EINTR) {}
+}
+
+static void die_setup(const char *what) {
+    char text[256];
+    snprintf(text, sizeof text, "sandbox setup failed: %s: %s", what, strerror(errno));
+    send_msg(MSG_READY, 0, 1, text);
+    _exit(1);
+}
+
+/* ---------- setup: disk, capabilities, seccomp ---------- */
+
+static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
+    const char *disk = "/.tempering/disk";
+    char opts[128], path[256];
+    snprintf(opts, sizeof opts, "size=%llu,mode=0755", disk_bytes);
+    if (mount("tmpfs", disk, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) die_setup("mount tmpfs");
+    snprintf(path, sizeof path, "%s/workspace", disk);
+    if (mkdir(path, 0755) < 0) die_setup("mkdir workspace");
+    if (mount(path, workdir, NULL, MS_BIND, NULL) < 0) die_setup("bind workdir");
+    snprintf(path, sizeof path, "%s/tmp", disk);
+    if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir tmp");
+    if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
+    if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
+}
+
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, text, strlen(text)) < 0) die_setup(path);
+    close(fd);
+}
+
+/* bubblewrap ran us as uid 0 of a user namespace that owns the mount namespace, which is what
+ * mounting needed. Commands run as an ordinary user instead: a nested user namespace maps `uid`
+ * onto that uid 0 (itself the host's unprivileged sandbox uid), so files the sandbox writes are
+ * owned by `uid` inside. Every capability and the bounding set go before any command runs. */
+static void become_user(uid_t uid, gid_t gid) {
+    char map[64];
+    if (unshare(CLONE_NEWUSER) < 0) die_setup("unshare user namespace");
+    write_file("/proc/self/setgroups", "deny");
+    snprintf(map, sizeof map, "%u 0 1\n", (unsigned)uid);
+    write_file("/proc/self/uid_map", map);
+    snprintf(map, sizeof map, "%u 0 1\n", (unsigned)gid);
+    write_file("/proc/self/gid_map", map);
+    for (int cap = 0; cap <= 63; cap++) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+    if (setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0) die_setup("setresuid");
+    struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (syscall(SYS_capset, &hdr, data) < 0) die_setup("capset");
+}
+
+#if defined(__x86_64__)
+#define AUDIT_ARCH_NATIVE AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define AUDIT_ARCH_NATIVE AUDIT_ARCH_AARCH64
+#else
+#error "tempering-init supports x86_64 and aarch64"
+#endif
+
+/* Syscalls that no agent needs and that widen the kernel surface an escape would use. */
+static const int denied[] = {
+#ifdef SYS_kexec_load
+    SYS_kexec_load,
+#endif
+#ifdef SYS_kexec_file_load
+    SYS_kexec_file_load,
+#endif
+    SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_reboot, SYS_swapon, SYS_swapoff,
+    SYS_mount, SYS_umount2, SYS_pivot_root, SYS_unshare, SYS_setns, SYS_keyctl, SYS_add_key,
+    SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_open_by_handle_at,
+    SYS_name_to_handle_at, SYS_acct, SYS_quotactl, SYS_syslog, SYS_vhangup, SYS_settimeofday,
+    SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex, SYS_io_uring_setup, SYS_io_uring_enter,
+    SYS_io_uring_register, SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_move_mount,
+    SYS_open_tree, SYS_mount_setattr, SYS_lookup_dcookie,
+#ifdef SYS_iopl
+    SYS_iopl, SYS_ioperm,
+#endif
+#ifdef SYS_uselib
+    SYS_uselib,
+#endif
+};
+
+#define STMT(code, k) ((struct sock_filter)BPF_STMT(code, k))
+#define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
+
+static void install_seccomp(void) {
+    enum { N = sizeof denied / sizeof denied[0] };
+    struct sock_filter prog[N + 16];
+    int n = 0;
+    const uint32_t ns_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
+                              CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP;
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_NATIVE, 1, 0);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+    /* x32 system calls alias the 64-bit ones with a high bit: refuse them outright. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+#endif
+    for (int i = 0; i < N; i++) {
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied[i], 0, 1);
+        prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        if (n > (int)(sizeof prog / sizeof prog[0]) - 8) break;
+    }
+    /* clone3 passes its flags in memory that a filter cannot read: make libc fall back to clone. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    /* clone: new namespaces are refused; threads and processes are fine. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+    prog[n++] = JUMP(BPF_JMP | BPF_JSET | BPF_K, ns_flags, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog fprog = { (unsigned short)n, prog };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die_setup("no_new_privs");
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die_setup("seccomp");
+}
+
+/* ---------- process trees ---------- */
+
+struct proc { pid_t pid, ppid; };
+static struct proc procs[MAX_PROCS];
+
+static int scan_procs(void) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < MAX_PROCS) {
+        char path[64], buf[512];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 1) continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t len = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (len <= 0) continue;
+        buf[len] = 0;
+        char *rp = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
+        if (!rp) continue;
+        char state;
+        int ppid;
+        if (sscanf(rp + 1, " %c %d", &state, &ppid) != 2) continue;
+        procs[n].pid = pid;
+        procs[n].ppid = ppid;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int is_marked(const struct job *j, pid_t pid) {
+    for (int i = 0; i < j->nmarked; i++)
+        if (j->marked[i] == pid) return 1;
+    return 0;
+}
+
+/* Collect (into out) the descendants of root; with a job in "since mark" mode, subtrees rooted
+ * at a marked process and the job's main process itself are kept. */
+static int collect(int nprocs, pid_t root, const struct job *j, int since_mark, pid_t *out, int nout) {
+    pid_t stack[4096];
+    int sp = 0;
+    stack[sp++] = root;
+    while (sp > 0) {
+        pid_t parent = stack[--sp];
+        for (int i = 0; i < nprocs; i++) {
+            if (procs[i].ppid != parent) continue;
+            pid_t pid = procs[i].pid;
+            int keep = since_mark && (pid == j->main || is_marked(j, pid));
+            if (since_mark && is_marked(j, pid) && pid != j->main) continue; /* older: spare it */
+            if (!keep && nout < MAX_PROCS) out[nout++] = pid;
+            if (sp < 4096) stack[sp++] = pid;
+        }
+    }
+    return nout;
+}
+
+static pid_t victims[MAX_PROCS];
+
+static void kill_tree(struct job *j, int sig, int since_mark) {
+    /* Killed processes cannot fork, and the children of killed ones are reparented to the
+     * shepherd: a few rounds reach a fixed point even against a fork loop. */
+    for (int round = 0; round < 64; round++) {
+        int nprocs = scan_procs();
+        int n = collect(nprocs, j->shepherd, j, since_mark, victims, 0);
+        if (n == 0) break;
+        for (int i = 0; i < n; i++) kill(victims[i], sig);
+        if (sig != SIGKILL) break;
+    }
+}
+
+static void mark(struct job *j) {
+    int nprocs = scan_procs();
+    int n = collect(nprocs, j->shepherd, j, 0, victims, 0);
+    free(j->marked);
+    j->marked = malloc(sizeof(pid_t) * (size_t)(n ? n : 1));
+    j->nmarked = 0;
+    if (!j->marked) return;
+    memcpy(j->marked, victims, sizeof(pid_t) * (size_t)n);
+    j->nmarked = n;
+}
+
+static struct job *find_job(uint32_t id) {
+    for (int i = 0; i < njobs; i++)
+        if (jobs[i].id == id) return &jobs[i];
+    return NULL;
+}
+
+/* ---------- commands ---------- */
+
+static void reset_signals(void) {
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+}
+
+static _Noreturn void run_command(int fds[3], char *cwd, char **argv, char **envp) {
+    setsid();
+    for (int i = 0; i < 3; i++)
+        if (dup2(fds[i], 100 + i) < 0) _exit(127);
+    for (int i = 0; i < 3; i++)
+        if (dup2(100 + i, i) < 0) _exit(127);
+    syscall(SYS_close_range, 3, ~0U, 0);
+    reset_signals();
+    if (chdir(cwd) < 0) {
+        dprintf(2, "tempering: cannot enter working directory %s: %s\n", cwd, strerror(errno));
+        _exit(127);
+    }
+    environ = envp;
+    execvp(argv[0], argv);
+    int err = errno;
+    dprintf(2, "tempering: cannot execute %s: %s\n", argv[0], strerror(err));
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+static _Noreturn void shepherd(int fds[3], char *cwd, char **argv, char **envp) {
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    pid_t child = fork();
+    if (child < 0) {
+        dprintf(fds[2], "tempering: cannot start process: %s\n", strerror(errno));
+        _exit(126);
+    }
+    if (child == 0) run_command(fds, cwd, argv, envp);
+    for (int i = 0; i < 3; i++) close(fds[i]);
+    /* The shepherd's SIGCHLD must stay default (not ignored) for waitpid to work. */
+    int status = 0;
+    for (;;) {
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid == child) break;
+        if (pid < 0 && errno != EINTR) _exit(126);
+    }
+    if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+    /* Die the way the command died, so init reads the same status; no core files. */
+    struct rlimit none = { 0, 0 };
+    setrlimit(RLIMIT_CORE, &none);
+    int sig = WTERMSIG(status);
+    reset_signals();
+    raise(sig);
+    _exit(128 + sig);
+}
+
+static void handle_exec(struct header *h, char *payload, size_t len, int fds[3]) {
+    /* payload: cwd\0 argv[0..nargs)\0 env[0..nenv)\0 */
+    size_t nstr = 1 + h->a + h->b;
+    char **strs = calloc(nstr + 2, sizeof(char *));
+    char *p = payload, *end = payload + len;
+    for (size_t i = 0; i < nstr; i++) {
+        if (p >= end) { free(strs); send_msg(MSG_FAIL, h->id, EINVAL, "malformed request"); return; }
+        strs[i] = p;
+        p += strnlen(p, (size_t)(end - p)) + 1;
+    }
+    char *cwd = strs[0];
+    char **argv = strs + 1;
+    char **envp = calloc(h->b + 1, sizeof(char *));
+    memcpy(envp, strs + 1 + h->a, h->b * sizeof(char *));
+    char *argv_buf[h->a + 1];
+    memcpy(argv_buf, argv, h->a * sizeof(char *));
+    argv_buf[h->a] = NULL;
+    if (njobs >= MAX_JOBS) {
+        send_msg(MSG_FAIL, h->id, EAGAIN, "too many concurrent commands in this sandbox");
+    } else {
+        pid_t pid = fork();
+        if (pid < 0) {
+            char text[160];
+            snprintf(text, sizeof text, "cannot start process: %s (is the sandbox's pids limit reached?)",
+                     strerror(errno));
+            send_msg(MSG_FAIL, h->id, (uint32_t)errno, text);
+        } else if (pid == 0) {
+            close(CTL_FD);
+            shepherd(fds, cwd, argv_buf, envp);
+        } else {
+            jobs[njobs++] = (struct job){ h->id, pid, 0, NULL, 0 };
+        }
+    }
+    free(envp);
+    free(strs);
+}
+
+static void job_main_pid(struct job *j) {
+    /* The main process is the shepherd's first child; learn it lazily for MARK/KILL. */
+    if (j->main) return;
+    int n = scan_procs();
+    for (int i = 0; i < n; i++)
+        if (procs[i].ppid == j->shepherd) { j->main = procs[i].pid; return; }
+}
+
+static void handle_message(void) {
+    char cmsgbuf[CMSG_SPACE(3 * sizeof(int))];
+    struct iovec iov = { msgbuf, MAX_MSG };
+    struct msghdr msg = { 0 };
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsgbuf;
+    msg.msg_controllen = sizeof cmsgbuf;
+    ssize_t n = recvmsg(CTL_FD, &msg, MSG_CMSG_CLOEXEC);
+    if (n == 0) _exit(0); /* the host closed the sandbox: PID 1 exits, the kernel kills the rest */
+    if (n < 0) { if (errno == EINTR || errno == EAGAIN) return; _exit(1); }
+    int fds[3] = { -1, -1, -1 }, nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)(nfds > 3 ? 3 : nfds));
+        }
+    }
+    if ((size_t)n < sizeof(struct header)) goto out;
+    struct header h;
+    memcpy(&h, msgbuf, sizeof h);
+    msgbuf[n] = 0;
+    if (h.type == MSG_EXEC && nfds == 3) {
+        handle_exec(&h, msgbuf + sizeof h, (size_t)n - sizeof h, fds);
+    } else if (h.type == MSG_KILL || h.type == MSG_MARK) {
+        struct job *j = find_job(h.id);
+        if (j) {
+            job_main_pid(j);
+            if (h.type == MSG_KILL) kill_tree(j, (int)h.a, (int)h.b);
+            else mark(j);
+        }
+        if (h.type == MSG_MARK) send_msg(MSG_MARKED, h.id, 0, NULL);
+    }
+out:
+    for (int i = 0; i < 3 && i < nfds; i++) close(fds[i]);
+}
+
+static void reap(void) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < njobs; i++) {
+            if (jobs[i].shepherd != pid) continue;
+            send_msg(MSG_EXIT, jobs[i].id, (uint32_t)status, NULL);
+            free(jobs[i].marked);
+            jobs[i] = jobs[--njobs];
+            break;
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID (run by the sandbox)\n");
+        return 2;
+    }
+    CTL_FD = atoi(argv[1]);
+    unsigned long long disk = strtoull(argv[2], NULL, 10);
+    setup_disk(disk, argv[3]);
+    become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
+    install_seccomp();
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) die_setup("signalfd");
+    send_msg(MSG_READY, 0, 0, NULL);
+
+    struct pollfd pfd[2] = { { CTL_FD, POLLIN, 0 }, { sfd, POLLIN, 0 } };
+    for (;;) {
+        if (poll(pfd, 2, -1) < 0) continue;
+        if (pfd[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {}
+            reap();
+        }
+        if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) handle_message();
+    }
+}

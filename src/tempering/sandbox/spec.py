@@ -1,0 +1,138 @@
+"""What a sandbox is asked to be (``SandboxSpec``) and what a command in it returns (``ExecResult``).
+
+Both cross the sandbox boundary, so both are frozen. The spec validates itself: a bad value is
+rejected with the field, the value and what to do, before any backend is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Backends by name, imported on use ("module:Class"). A new backend is a new file and a line here.
+BACKENDS: dict[str, str] = {
+    "local": "tempering.sandbox.local:LocalSandbox",
+}
+
+_SYSTEM_DIRS = {"/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys",
+                "/tmp", "/run", "/var", "/.tempering"}
+
+
+def host_cpus() -> int:
+    """CPUs this process may use (its affinity), which is what a sandbox can be given."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+class SandboxSpec(BaseModel):
+    """An isolated environment: its backend, its limits and its view of the world."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: str = "local"
+    """Which backend runs the sandbox: ``local`` (bubblewrap namespaces, cgroups, seccomp)."""
+    cpus: Annotated[float, Field(gt=0)] = 1.0
+    """CPU quota in cores (fractions allowed); ``nproc`` inside reports it rounded up."""
+    memory_mb: Annotated[int, Field(ge=16)] = 512
+    """Memory limit for everything inside, files in the workdir and /tmp included."""
+    pids: Annotated[int, Field(ge=8)] = 128
+    """Most processes and threads alive at once; a fork bomb stops here."""
+    disk_mb: Annotated[int, Field(ge=1)] = 256
+    """Size of the writable storage shared by the workdir and /tmp."""
+    network: bool = False
+    """Give the sandbox the host's network; without it there is only loopback."""
+    workdir: str = "/workspace"
+    """Writable working directory; relative file-API paths and commands start here."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for every command, on top of a minimal default (PATH, HOME, LANG)."""
+    rootfs: str | None = None
+    """Directory holding another root filesystem, mounted read-only; default: this host's system."""
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """Wall-clock limit of a command when ``exec`` is given no timeout."""
+    output_limit_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+    """Per stream, the most output kept of one command: head and tail, the middle is dropped."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in BACKENDS:
+            known = ", ".join(sorted(BACKENDS))
+            raise ValueError(f"unknown backend {value!r}: choose one of {known}")
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _fits_host(cls, value: float) -> float:
+        available = host_cpus()
+        if value > available:
+            raise ValueError(
+                f"cpus={value} is more than the {available} CPU(s) this host can give; "
+                f"ask for at most {available}"
+            )
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _valid_workdir(cls, value: str) -> str:
+        norm = posixpath.normpath(value)
+        if not value.startswith("/") or norm.startswith("//"):
+            raise ValueError(f"workdir {value!r} must be an absolute path such as /workspace")
+        if norm in _SYSTEM_DIRS or any(norm.startswith(d + "/") for d in ("/proc", "/dev", "/sys",
+                                                                       "/tmp", "/.tempering")):
+            raise ValueError(f"workdir {value!r} collides with a system directory; "
+                             "use a path of its own such as /workspace")
+        return norm
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"environment variable name {key!r} is not valid")
+        for key, val in value.items():
+            if "\0" in val:
+                raise ValueError(f"environment variable {key} holds a NUL byte")
+        return value
+
+    @field_validator("rootfs")
+    @classmethod
+    def _valid_rootfs(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not os.path.isabs(value) or not os.path.isdir(value):
+            raise ValueError(f"rootfs {value!r} is not an existing absolute directory")
+        if not os.path.exists(os.path.join(value, "bin", "sh")):
+            raise ValueError(f"rootfs {value!r} has no bin/sh; point it at a root filesystem")
+        return os.path.realpath(value)
+
+    def key(self) -> str:
+        """A stable text key: equal specs give equal keys (pools group warm sandboxes by it)."""
+        return self.model_dump_json()
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What one command did."""
+
+    exit_code: int | None
+    """Exit status; negative for a signal (-9: SIGKILL); None when it never finished or started."""
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    """The command outran its timeout and everything it started was killed."""
+    oom_killed: bool = False
+    """The kernel's OOM killer killed a process of this sandbox while the command ran."""
+    truncated: bool = False
+    """Output went over the spec's ``output_limit_bytes``; the middle was dropped."""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Exited with status 0, in time."""
+        return self.exit_code == 0 and not self.timed_out
