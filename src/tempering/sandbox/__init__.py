@@ -15,9 +15,16 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
-from tempering.errors import (ResourceExhaustedError, SandboxClosedError, SandboxError,
-                              SandboxFileNotFoundError, SandboxNotFoundError, SandboxPathError,
-                              SandboxStartError, SandboxUnavailableError)
+from tempering.errors import (
+    ResourceExhaustedError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxNotFoundError,
+    SandboxPathError,
+    SandboxStartError,
+    SandboxUnavailableError,
+)
 from tempering.sandbox.base import Sandbox, ShellSession
 from tempering.sandbox.pool import PoolStats, SandboxPool
 from tempering.sandbox.spec import BACKENDS, ExecResult, SandboxSpec

@@ -270,7 +270,8 @@ class ShellSession:
         limit = self._sandbox.spec.timeout_s if timeout is None else timeout
         async with self._lock:
             if self.closed or self._proc is None:
-                raise SandboxClosedError(f"shell session is closed ({self._dead or 'sandbox closed'}); "
+                why = self._dead or "sandbox closed"
+                raise SandboxClosedError(f"shell session is closed ({why}); "
                                          "open a new one with sandbox.session()")
             proc = self._proc
             nonce = secrets.token_hex(8)
@@ -296,7 +297,8 @@ class ShellSession:
                 try:
                     await asyncio.wait_for(asyncio.shield(both), 2.0)
                 except TimeoutError:
-                    self._dead = f"the command {cmd[:60]!r} outran its timeout inside the shell itself"
+                    self._dead = (f"the command {cmd[:60]!r} outran its timeout inside the "
+                                  "shell itself")
                     await proc.kill()
             finally:
                 if not both.done():

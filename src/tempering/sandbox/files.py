@@ -20,7 +20,6 @@ import errno
 import os
 import posixpath
 import stat
-
 from collections.abc import Iterator
 
 from tempering.errors import SandboxError, SandboxFileNotFoundError, SandboxPathError
@@ -32,6 +31,7 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 _RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS
+_NO_LINKS = _RESOLVE | RESOLVE_NO_SYMLINKS
 
 
 class _OpenHow(ctypes.Structure):
@@ -188,14 +188,14 @@ class Storage:
 
     @_confined
     def list(self, path: str) -> list[str]:
-        fd = self._dirfd(path, create=False) if path not in ("", ".") else self._dirfd(".", create=False)
+        fd = self._dirfd(path or ".", create=False)
         try:
             return sorted(os.listdir(fd))
         finally:
             os.close(fd)
 
-    @_confined
     def upload(self, local: str, dest: str) -> None:
+        """Host files are read with the caller's rights, sandbox files written as its user."""
         if os.path.isfile(local):
             with open(local, "rb") as f:
                 self.write(dest, f.read(), os.stat(local).st_mode & 0o777)
@@ -219,9 +219,11 @@ class Storage:
                 if os.path.islink(src):
                     self._symlink(os.readlink(src), posixpath.join(target, name))
 
+    @_confined
     def _mkdirs(self, path: str) -> None:
         os.close(self._dirfd(path, create=True))
 
+    @_confined
     def _symlink(self, target: str, path: str) -> None:
         parent, name = posixpath.split(posixpath.normpath(path))
         dirfd = self._dirfd(parent or ".", create=True)
@@ -230,26 +232,49 @@ class Storage:
         finally:
             os.close(dirfd)
 
-    @_confined
     def download(self, src: str, local: str) -> list[str]:
-        """Copy regular files and directories out; returns the paths skipped (links, devices)."""
+        """Copy regular files and directories out; returns the paths skipped (links, devices).
+
+        Sandbox files are opened as its user, host files written with the caller's rights."""
         skipped: list[str] = []
-        try:
+        with as_user(self.uid, self.gid):
             fd = self._open(src, os.O_RDONLY | os.O_NONBLOCK)
-        except SandboxPathError:
-            raise
         try:
             info = os.fstat(fd)
             if stat.S_ISREG(info.st_mode):
                 os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
                 _copy_out(fd, local)
             elif stat.S_ISDIR(info.st_mode):
-                _copy_tree(fd, local, src, skipped)
+                self._copy_tree(fd, local, src, skipped)
             else:
                 raise SandboxPathError(f"path {src!r} is neither a regular file nor a directory")
         finally:
             os.close(fd)
         return skipped
+
+    def _copy_tree(self, dirfd: int, local: str, label: str, skipped: list[str]) -> None:
+        os.makedirs(local, exist_ok=True)
+        with as_user(self.uid, self.gid):
+            names = sorted(os.listdir(dirfd))
+        for name in names:
+            try:
+                with as_user(self.uid, self.gid):
+                    fd = openat2(dirfd, name, os.O_RDONLY | os.O_NONBLOCK,
+                                 resolve=_NO_LINKS)
+            except OSError:
+                skipped.append(posixpath.join(label, name))
+                continue
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISREG(mode):
+                    _copy_out(fd, os.path.join(local, name))
+                elif stat.S_ISDIR(mode):
+                    self._copy_tree(fd, os.path.join(local, name), posixpath.join(label, name),
+                                    skipped)
+                else:
+                    skipped.append(posixpath.join(label, name))
+            finally:
+                os.close(fd)
 
     @_confined
     def copy_into(self, other: Storage) -> None:
@@ -274,17 +299,16 @@ def _replicate(src: int, dst: int) -> None:
         mode = info.st_mode
         if stat.S_ISDIR(mode):
             os.mkdir(name, 0o700, dir_fd=dst)
-            sfd = openat2(src, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_RESOLVE | RESOLVE_NO_SYMLINKS)
-            dfd = openat2(dst, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_RESOLVE | RESOLVE_NO_SYMLINKS)
+            sfd = openat2(src, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_NO_LINKS)
+            dfd = openat2(dst, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_NO_LINKS)
             try:
                 _replicate(sfd, dfd)
             finally:
                 os.close(sfd)
                 os.close(dfd)
         elif stat.S_ISREG(mode):
-            sfd = openat2(src, name, os.O_RDONLY | os.O_NONBLOCK, resolve=_RESOLVE | RESOLVE_NO_SYMLINKS)
-            dfd = openat2(dst, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600,
-                          resolve=_RESOLVE | RESOLVE_NO_SYMLINKS)
+            sfd = openat2(src, name, os.O_RDONLY | os.O_NONBLOCK, resolve=_NO_LINKS)
+            dfd = openat2(dst, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, resolve=_NO_LINKS)
             try:
                 remaining = info.st_size
                 while remaining > 0:
@@ -313,27 +337,6 @@ def _copy_out(fd: int, local: str) -> None:
     with open(local, "wb") as out:
         while chunk := os.read(fd, 1 << 20):
             out.write(chunk)
-
-
-def _copy_tree(dirfd: int, local: str, label: str, skipped: list[str]) -> None:
-    os.makedirs(local, exist_ok=True)
-    for name in sorted(os.listdir(dirfd)):
-        try:
-            fd = openat2(dirfd, name, os.O_RDONLY | os.O_NONBLOCK,
-                         resolve=_RESOLVE | RESOLVE_NO_SYMLINKS)
-        except OSError:
-            skipped.append(posixpath.join(label, name))
-            continue
-        try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISREG(mode):
-                _copy_out(fd, os.path.join(local, name))
-            elif stat.S_ISDIR(mode):
-                _copy_tree(fd, os.path.join(local, name), posixpath.join(label, name), skipped)
-            else:
-                skipped.append(posixpath.join(label, name))
-        finally:
-            os.close(fd)
 
 
 def _path_error(path: str, exc: OSError) -> SandboxError:

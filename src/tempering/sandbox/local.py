@@ -15,7 +15,6 @@ resolution (``files.py``), without starting a process inside.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import atexit
 import contextlib
@@ -27,25 +26,25 @@ import secrets
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from tempering.errors import (SandboxClosedError, SandboxError, SandboxStartError,
-                              SandboxUnavailableError)
+from tempering.errors import (
+    SandboxError,
+    SandboxStartError,
+    SandboxUnavailableError,
+)
 from tempering.sandbox import cgroup
-from tempering.sandbox.base import PIPE, Process, Sandbox, Sink, ensure_open
+from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.files import Storage
+from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.native import init_binary
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec
 
-MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
-MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
-_HEADER = struct.Struct("=IIII")
 START_TIMEOUT_S = 30.0
 
 
@@ -78,14 +77,14 @@ def host() -> Host:
                 raise SandboxUnavailableError(
                     "user namespaces are disabled (user.max_user_namespaces = 0); enable them "
                     "with `sysctl -w user.max_user_namespaces=15000`")
-    for knob in ("kernel/unprivileged_userns_clone", "kernel/apparmor_restrict_unprivileged_userns"):
-        with contextlib.suppress(OSError), open(f"/proc/sys/{knob}") as f:
-            value = f.read().strip()
-            if (knob.endswith("clone") and value == "0") or (knob.endswith("userns") and value == "1"):
+    # Debian's older kernels and Ubuntu's AppArmor can forbid what bubblewrap needs.
+    for knob, bad, good in (("kernel.unprivileged_userns_clone", "0", "1"),
+                            ("kernel.apparmor_restrict_unprivileged_userns", "1", "0")):
+        with contextlib.suppress(OSError), open("/proc/sys/" + knob.replace(".", "/")) as f:
+            if f.read().strip() == bad:
                 raise SandboxUnavailableError(
-                    f"unprivileged user namespaces are restricted ({knob.replace('/', '.')} = "
-                    f"{value}); bubblewrap needs them: `sysctl -w {knob.replace('/', '.')}="
-                    f"{'1' if value == '0' else '0'}`")
+                    f"unprivileged user namespaces are restricted ({knob} = {bad}); bubblewrap "
+                    f"needs them: `sysctl -w {knob}={good}`")
     uid = int(os.environ.get("TEMPERING_SANDBOX_UID", "64000"))
     hierarchy = cgroup.Hierarchy.detect()
     tag = cgroup.owner_tag()
@@ -117,13 +116,9 @@ class LocalSandbox(Sandbox):
         self.id = f"sbx-{secrets.token_hex(6)}"
         self._host = host()
         self._cgroup = cgroup.SandboxCgroup(self._host.hierarchy, self._host.tag, self.id)
-        self._ctl: socket.socket | None = None
+        self._channel: InitChannel | None = None
         self._bwrap: subprocess.Popen[bytes] | None = None
         self._init_pid = 0
-        self._ready: asyncio.Future[None] | None = None
-        self._jobs: dict[int, LocalProcess] = {}
-        self._marks: dict[int, asyncio.Future[None]] = {}
-        self._ids = itertools.count(1)
         self._closed = False
         self._dead: str | None = None
         self._storage: Storage | None = None
@@ -146,7 +141,7 @@ class LocalSandbox(Sandbox):
         return sb
 
     async def _start(self) -> None:
-        h, spec, loop = self._host, self.spec, asyncio.get_running_loop()
+        h, spec = self._host, self.spec
         self._cgroup.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
@@ -163,17 +158,14 @@ class LocalSandbox(Sandbox):
         args += ["/.tempering/init", str(theirs.fileno()), str(spec.disk_mb << 20),
                  spec.workdir, "1000", "1000"]
         try:
-            self._bwrap = subprocess.Popen(
+            self._bwrap = subprocess.Popen(  # noqa: ASYNC220 - a vfork/exec, not a wait
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 pass_fds=(theirs.fileno(), info_w), user=h.uid, group=h.gid, extra_groups=[],
                 env={}, cwd="/")
         finally:
             theirs.close()
             os.close(info_w)
-        self._ctl = ours
-        ours.setblocking(False)
-        self._ready = loop.create_future()
-        loop.add_reader(ours.fileno(), self._on_control)
+        self._channel = InitChannel(ours, f"sandbox {self.id}", self._on_death)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 self._init_pid = await _read_child_pid(info_r)
@@ -183,9 +175,10 @@ class LocalSandbox(Sandbox):
                 first = next(_next_cpu)
                 os.sched_setaffinity(self._init_pid,
                                      {cpus[(first + i) % len(cpus)] for i in range(want)})
-                await self._ready
+                await self._channel.ready
         except (OSError, TimeoutError, SandboxError) as exc:
-            raise SandboxStartError(f"sandbox {self.id} failed to start: {self._why(exc)}") from None
+            why = self._why(exc)
+            raise SandboxStartError(f"sandbox {self.id} failed to start: {why}") from None
         finally:
             os.close(info_r)
         _live.add(self)
@@ -210,7 +203,8 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         _live.discard(self)
-        self._shutdown_control("sandbox closed")
+        if self._channel is not None:
+            self._channel.close("sandbox closed")
         if self._bwrap is not None:
             await _wait_exit(self._bwrap, self._init_pid)
             if self._bwrap.stderr is not None:
@@ -220,9 +214,8 @@ class LocalSandbox(Sandbox):
     def _kill_now(self) -> None:
         """Synchronous last resort (interpreter exit)."""
         self._closed = True
-        with contextlib.suppress(OSError):
-            if self._ctl is not None:
-                self._ctl.close()
+        if self._channel is not None:
+            self._channel.close_now()
         if self._init_pid:
             with contextlib.suppress(OSError):
                 os.kill(self._init_pid, signal.SIGKILL)
@@ -232,92 +225,16 @@ class LocalSandbox(Sandbox):
         with contextlib.suppress(OSError):
             self._cgroup.remove(timeout=2.0)
 
-    def _shutdown_control(self, why: str) -> None:
-        if self._ctl is not None:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._ctl.fileno())
-            self._ctl.close()
-            self._ctl = None
-        error = SandboxClosedError(f"sandbox {self.id}: {why}")
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(error)
-        for proc in list(self._jobs.values()):
-            proc._finish(None, why)
-        self._jobs.clear()
-        for fut in self._marks.values():
-            if not fut.done():
-                fut.set_result(None)
-
-    # ---- control channel ----
-
-    def _on_control(self) -> None:
-        while self._ctl is not None:
-            try:
-                msg = self._ctl.recv(4096)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg = b""
-            if not msg:
-                self._dead = "the sandbox's init exited (sandbox died)"
-                self._shutdown_control(self._dead)
-                return
-            kind, ident, value, _ = _HEADER.unpack_from(msg)
-            text = msg[_HEADER.size:].decode(errors="replace")
-            if kind == MSG_READY:
-                if value:
-                    self._ready.set_exception(SandboxStartError(text))
-                else:
-                    self._ready.set_result(None)
-            elif kind == MSG_EXIT and ident in self._jobs:
-                status = struct.unpack("=i", struct.pack("=I", value))[0]
-                self._jobs.pop(ident)._finish(os.waitstatus_to_exitcode(status), "")
-            elif kind == MSG_FAIL and ident in self._jobs:
-                self._jobs.pop(ident)._finish(None, text)
-            elif kind == MSG_MARKED and ident in self._marks:
-                fut = self._marks.pop(ident)
-                if not fut.done():
-                    fut.set_result(None)
-
-    def _send(self, kind: int, ident: int, a: int = 0, b: int = 0, payload: bytes = b"",
-              fds: Sequence[int] = ()) -> None:
-        if self._ctl is None:
-            raise SandboxClosedError(f"sandbox {self.id} is closed ({self._dead or 'closed'})")
-        data = _HEADER.pack(kind, ident, a, b) + payload
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        try:
-            self._ctl.sendmsg([data], anc)
-        except BlockingIOError:  # the init is busy: a short blocking send is the simplest fix
-            self._ctl.setblocking(True)
-            try:
-                self._ctl.sendmsg([data], anc)
-            finally:
-                self._ctl.setblocking(False)
+    def _on_death(self, why: str) -> None:
+        self._dead = why
 
     # ---- Sandbox primitives ----
 
     async def _spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
                      stdout: Sink, stderr: Sink, stdin: bytes | object | None) -> Process:
         ensure_open(self)
-        ident = next(self._ids)
-        env_items = [f"{k}={v}" for k, v in env.items()]
-        payload = b"".join(s.encode() + b"\0" for s in [cwd, *argv, *env_items])
-        pipes = [os.pipe() for _ in range(3)]
-        try:
-            self._send(MSG_EXEC, ident, len(argv), len(env_items), payload,
-                       (pipes[0][0], pipes[1][1], pipes[2][1]))
-        except BaseException:
-            for r, w in pipes:
-                os.close(r)
-                os.close(w)
-            raise
-        for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
-            os.close(fd)
-        proc = LocalProcess(self, ident, pipes[0][1], pipes[1][0], pipes[2][0], stdout, stderr)
-        self._jobs[ident] = proc
-        if stdin is not PIPE:
-            proc._feed_stdin(stdin if isinstance(stdin, bytes) else b"")
-        return proc
+        assert self._channel is not None
+        return self._channel.spawn(argv, env, cwd, stdout, stderr, stdin)
 
     async def _oom_kills(self) -> int | None:
         return None if self.closed else self._cgroup.oom_kills()
@@ -361,109 +278,6 @@ class LocalSandbox(Sandbox):
         return child
 
 
-class LocalProcess(Process):
-    """A command running under the sandbox's init; its pipes are read on the event loop."""
-
-    def __init__(self, sb: LocalSandbox, ident: int, stdin_fd: int, out_fd: int, err_fd: int,
-                 stdout: Sink, stderr: Sink) -> None:
-        self._sb, self._id = sb, ident
-        self._loop = asyncio.get_running_loop()
-        self._stdin: int | None = stdin_fd
-        self._readers = {out_fd: stdout, err_fd: stderr}
-        for fd in self._readers:
-            os.set_blocking(fd, False)
-            self._loop.add_reader(fd, self._on_readable, fd)
-        self._exit: asyncio.Future[tuple[int | None, str]] = self._loop.create_future()
-        self._stdin_task: asyncio.Task[None] | None = None
-
-    def _on_readable(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if data:
-            self._readers[fd](data)
-        else:
-            self._close_reader(fd)
-
-    def _close_reader(self, fd: int) -> None:
-        self._loop.remove_reader(fd)
-        os.close(fd)
-        del self._readers[fd]
-
-    def _drain(self) -> None:
-        """After the main process exited, take what is in the pipes; stop at an empty pipe, so a
-        daemon that kept the pipe open cannot hold the result."""
-        for fd in list(self._readers):
-            while True:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                self._readers[fd](data)
-            self._close_reader(fd)
-
-    def _finish(self, code: int | None, why: str) -> None:
-        if self._exit.done():
-            return
-        self._drain()
-        self.close_stdin()
-        self._exit.set_result((code, why))
-
-    def _feed_stdin(self, data: bytes) -> None:
-        if not data:
-            self.close_stdin()
-        else:
-            self._stdin_task = self._loop.create_task(self._write_all(data, close=True))
-
-    async def _write_all(self, data: bytes, *, close: bool) -> None:
-        view = memoryview(data)
-        try:
-            while view and self._stdin is not None:
-                try:
-                    view = view[os.write(self._stdin, view):]
-                except BlockingIOError:
-                    fut = self._loop.create_future()
-                    self._loop.add_writer(self._stdin, fut.set_result, None)
-                    try:
-                        await fut
-                    finally:
-                        if self._stdin is not None:
-                            self._loop.remove_writer(self._stdin)
-        except (BrokenPipeError, OSError):
-            pass  # the command stopped reading; what it read is what it got
-        finally:
-            if close:
-                self.close_stdin()
-
-    async def wait(self) -> tuple[int | None, str]:
-        return await asyncio.shield(self._exit)
-
-    async def kill(self, *, since_mark: bool = False) -> None:
-        if not self._exit.done() and not self._sb.closed:
-            self._sb._send(MSG_KILL, self._id, signal.SIGKILL, int(since_mark))
-
-    async def mark(self) -> None:
-        fut = self._loop.create_future()
-        self._sb._marks[self._id] = fut
-        self._sb._send(MSG_MARK, self._id)
-        await fut
-
-    async def write(self, data: bytes) -> None:
-        if self._stdin is None:
-            raise SandboxClosedError("the process's stdin is closed")
-        os.set_blocking(self._stdin, False)
-        await self._write_all(data, close=False)
-
-    def close_stdin(self) -> None:
-        if self._stdin is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._stdin)
-            self._stdin = None
-
-
 async def _read_child_pid(fd: int) -> int:
     """bubblewrap writes {"child-pid": N, ...} to its info fd once the sandbox's PID 1 exists."""
     loop = asyncio.get_running_loop()
@@ -499,8 +313,8 @@ async def _wait_exit(proc: subprocess.Popen[bytes], init_pid: int) -> None:
         return
     try:
         for attempt in range(2):
-            done = loop.create_future()
-            loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+            done: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(pidfd, _resolve, done)
             try:
                 await asyncio.wait_for(done, 5.0)
                 break
@@ -512,3 +326,8 @@ async def _wait_exit(proc: subprocess.Popen[bytes], init_pid: int) -> None:
     finally:
         os.close(pidfd)
     proc.wait()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

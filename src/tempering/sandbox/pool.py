@@ -61,7 +61,8 @@ class SandboxPool:
         if max_instances < 1:
             raise ValueError(f"max_instances must be at least 1, got {max_instances}")
         if warm < 0 or warm > max_instances:
-            raise ValueError(f"warm must be between 0 and max_instances ({max_instances}), got {warm}")
+            raise ValueError(
+                f"warm must be between 0 and max_instances ({max_instances}), got {warm}")
         if lease_s is not None and lease_s <= 0:
             raise ValueError(f"lease_s must be positive, got {lease_s}")
         self.max_instances = max_instances

@@ -50,7 +50,10 @@ def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
 
 def _etc_args(root: str, spec: SandboxSpec, uid: int, gid: int) -> list[str]:
     etc = os.path.join(root, "etc")
-    names = list(_ETC) if spec.rootfs is None else sorted(os.listdir(etc)) if os.path.isdir(etc) else []
+    if spec.rootfs is None:
+        names = list(_ETC)
+    else:
+        names = sorted(os.listdir(etc)) if os.path.isdir(etc) else []
     private = {"shadow", "gshadow", "shadow-", "gshadow-", "passwd", "group", "hostname", "hosts",
                "resolv.conf", "ssh", "sudoers", "sudoers.d", "machine-id"}
     args = ["--dir", "/etc"]
@@ -63,5 +66,6 @@ def _etc_args(root: str, spec: SandboxSpec, uid: int, gid: int) -> list[str]:
     for name, path in etc_files(uid, gid).items():
         args += ["--ro-bind", str(path), f"/etc/{name}"]
     if spec.network and os.path.exists(os.path.join(etc, "resolv.conf")):
-        args += ["--ro-bind", os.path.realpath(os.path.join(etc, "resolv.conf")), "/etc/resolv.conf"]
+        resolv = os.path.realpath(os.path.join(etc, "resolv.conf"))
+        args += ["--ro-bind", resolv, "/etc/resolv.conf"]
     return args

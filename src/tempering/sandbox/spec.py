@@ -1,4 +1,4 @@
-"""What a sandbox is asked to be (``SandboxSpec``) and what a command in it returns (``ExecResult``).
+"""What a sandbox is asked to be (``SandboxSpec``) and what a command returns (``ExecResult``).
 
 Both cross the sandbox boundary, so both are frozen. The spec validates itself: a bad value is
 rejected with the field, the value and what to do, before any backend is touched.

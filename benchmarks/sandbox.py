@@ -1,0 +1,583 @@
+"""Benchmarks of the local sandbox backend, each figure beside a baseline measured in the same run.
+
+    .venv/bin/python benchmarks/sandbox.py [--quick] [--density N] [--cycles N] [--json PATH]
+
+Machines are noisy, so no figure stands alone: every latency is given as p50 and p99 together
+with the same percentiles of a baseline timed side by side (the two alternate run by run, so
+drift, frequency scaling and neighbours hit both alike), and the ratio between them is the
+figure to compare across machines. Sections:
+
+1. cold start: open a sandbox, ``exec(["true"])``, close it; vs a plain asyncio subprocess of
+   ``true`` with its output captured (what a harness without sandboxes would do).
+2. live exec: ``exec(["true"])`` in a running sandbox; vs the same plain subprocess.
+3. fork: fork of a sandbox holding ``--fork-mb`` MiB of files in 1 MiB files; vs fork of an
+   empty one (so the ratio isolates the cost of copying the files). The child's close is not timed.
+4. density: N sandboxes open at once (16 opening at a time), each must answer an exec; host
+   memory per sandbox is the drop in /proc/meminfo MemAvailable divided by N.
+5. throughput: K episodes (open, run a small ``python3 -c`` program, close) at concurrency 1, 8
+   and 32; vs concurrency 1, and vs the same program as a plain subprocess at the same concurrency.
+6. leaks: M open/exec/close cycles (8 at a time), then host processes, mounts, this process's
+   fds and threads, and the sandboxes' cgroup directories must be back where they started.
+7. docker: ``docker run --rm IMAGE true`` for a locally present image, if an engine answers;
+   vs the sandbox cold start.
+
+Targets are printed with PASS/MISS; a MISS does not fail the run, a crash does (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
+from tempering.sandbox.base import DEFAULT_PATH
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+PIPE = asyncio.subprocess.PIPE
+MiB = 1 << 20
+PYTHON = shutil.which("python3", path=DEFAULT_PATH) or "/usr/bin/python3"  # the one inside, too
+PROGRAM = "import json; print(json.dumps(sum(range(1000))))"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much work each section does."""
+
+    cold_runs: int
+    exec_runs: int
+    fork_mb: int
+    fork_runs: int
+    density: int
+    episodes: int
+    cycles: int
+    docker_runs: int
+
+
+FULL = Scale(cold_runs=200, exec_runs=2000, fork_mb=100, fork_runs=30, density=1000,
+             episodes=300, cycles=10_000, docker_runs=5)
+QUICK = Scale(cold_runs=50, exec_runs=300, fork_mb=20, fork_runs=10, density=100,
+              episodes=60, cycles=500, docker_runs=3)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured value, its baseline from the same run, and its target if it has one."""
+
+    section: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: str = ""
+    passed: bool | None = None
+    relative: bool = True
+    """Whether value / baseline means something (not for counts compared for equality)."""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.relative or self.baseline is None or self.baseline == 0:
+            return None
+        return self.value / self.baseline
+
+
+# ---- measuring ----
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that was actually observed."""
+    ordered = sorted(samples)
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
+Timed = Callable[[], Awaitable[float]]
+
+
+def timed(fn: Callable[[], Awaitable[object]]) -> Timed:
+    """``fn`` made to return how long it took, in ms."""
+    async def run() -> float:
+        start = time.perf_counter()
+        await fn()
+        return (time.perf_counter() - start) * 1e3
+    return run
+
+
+async def side_by_side(subject: Timed, baseline: Timed, runs: int,
+                       warmup: int = 5) -> tuple[list[float], list[float]]:
+    """Alternate subject and baseline (and which goes first), so both see the same machine."""
+    for _ in range(warmup):
+        await subject()
+        await baseline()
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(runs):
+        if i % 2:
+            b.append(await baseline())
+            a.append(await subject())
+        else:
+            a.append(await subject())
+            b.append(await baseline())
+    return a, b
+
+
+def latency_figures(section: str, name: str, samples: list[float], base_name: str,
+                    base: list[float], *, p50_ms: float | None = None,
+                    p50_ratio: float | None = None) -> list[Figure]:
+    """p50 and p99 of samples against the baseline's; the target applies to the p50."""
+    figures = []
+    for q in (50, 99):
+        value, ref = percentile(samples, q), percentile(base, q)
+        target, passed = "", None
+        if q == 50 and p50_ms is not None:
+            target, passed = f"<= {p50_ms:g} ms", value <= p50_ms
+        if q == 50 and p50_ratio is not None:
+            target, passed = f"<= {p50_ratio:g}x", value / ref <= p50_ratio
+        figures.append(Figure(section, f"{name} p{q}", value, "ms", ref, f"{base_name} p{q}",
+                              target, passed))
+    return figures
+
+
+async def run_bounded(count: int, limit: int,
+                      job: Callable[[int], Awaitable[object]]) -> list[BaseException]:
+    """Run ``job(0..count-1)`` with at most ``limit`` at once; return the errors, not raise."""
+    errors: list[BaseException] = []
+    indices = iter(range(count))
+
+    async def worker() -> None:
+        for i in indices:
+            try:
+                await job(i)
+            except Exception as exc:  # a failed job is a figure, not the end of the run
+                errors.append(exc)
+
+    await asyncio.gather(*(worker() for _ in range(min(limit, count))))
+    return errors
+
+
+def check(result: ExecResult, stdout: str | None = None) -> None:
+    if not result.ok or (stdout is not None and result.stdout.strip() != stdout):
+        raise RuntimeError(f"sandbox command did not do what it should: {result}")
+
+
+async def plain(*argv: str) -> bytes:
+    """The baseline: a plain asyncio subprocess, output captured as ``exec`` does."""
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=PIPE, stderr=PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} exited with {proc.returncode}")
+    return out
+
+
+def meminfo(key: str = "MemAvailable") -> int:
+    """A /proc/meminfo value in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def own_status(key: str) -> int:
+    """A number from /proc/self/status (VmRSS in kB, Threads)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+async def settle() -> None:
+    """Let closed things finish going away before memory or leaks are read."""
+    gc.collect()
+    await asyncio.sleep(0.5)
+
+
+def report(figures: list[Figure]) -> list[Figure]:
+    for f in figures:
+        line = f"  {f.name:<42} {fmt(f.value, f.unit):>12}"
+        if f.baseline is not None:
+            line += f"   {f.baseline_name}: {fmt(f.baseline, f.unit)}"
+        if f.ratio is not None:
+            line += f"   ratio {f.ratio:.2f}x"
+        if f.target:
+            line += f"   target {f.target}: {verdict(f.passed)}"
+        console.print(line)
+    return figures
+
+
+def fmt(value: float, unit: str) -> str:
+    return (f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}").strip()
+
+
+def verdict(passed: bool | None) -> str:
+    return "" if passed is None else "[green]PASS[/]" if passed else "[red]MISS[/]"
+
+
+# ---- sections ----
+
+async def cold_start(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    spec = SandboxSpec()
+
+    async def sandbox() -> None:
+        async with open_sandbox(spec) as sb:
+            check(await sb.exec(["true"]))
+
+    ours, base = await side_by_side(timed(sandbox), timed(lambda: plain("true")), scale.cold_runs)
+    return report(latency_figures("cold start", "open+exec true+close", ours, "subprocess true",
+                                  base, p50_ms=10))
+
+
+async def live_exec(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    async with open_sandbox(SandboxSpec()) as sb:
+        async def run() -> None:
+            check(await sb.exec(["true"]))
+
+        ours, base = await side_by_side(timed(run), timed(lambda: plain("/bin/true")),
+                                        scale.exec_runs, warmup=20)
+    return report(latency_figures("live exec", "exec true", ours, "subprocess true", base,
+                                  p50_ratio=1.5))
+
+
+async def fork(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    mb = args.fork_mb or scale.fork_mb
+    spec = SandboxSpec(disk_mb=max(256, 2 * mb), memory_mb=max(512, 3 * mb))
+    async with open_sandbox(spec) as full, open_sandbox(spec) as empty:
+        block = os.urandom(MiB)
+        for i in range(mb):
+            await full.write_file(f"data/{i:04d}.bin", i.to_bytes(4, "little") + block[4:])
+        child = await full.fork()  # the copy is whole before anything is timed
+        try:
+            names = await child.list("data")
+            last = await child.read_file(f"data/{mb - 1:04d}.bin")
+            if len(names) != mb or last[:4] != (mb - 1).to_bytes(4, "little"):
+                raise RuntimeError(f"fork copied {len(names)} of {mb} files, or copied them wrong")
+        finally:
+            await child.close()
+
+        def forking(sb: Sandbox) -> Timed:
+            async def run() -> float:
+                start = time.perf_counter()
+                forked = await sb.fork()
+                ms = (time.perf_counter() - start) * 1e3
+                await forked.close()
+                return ms
+            return run
+
+        ours, base = await side_by_side(forking(full), forking(empty), scale.fork_runs, warmup=2)
+    return report(latency_figures("fork", f"fork {mb} MiB workspace", ours, "fork empty", base,
+                                  p50_ms=10))
+
+
+async def density(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    n = args.density or scale.density
+    spec = SandboxSpec()
+    await settle()
+    avail, rss, charged = meminfo(), own_status("VmRSS"), charged_bytes()
+    slots: list[Sandbox | None] = [None] * n
+
+    async def open_one(i: int) -> None:
+        slots[i] = await create_sandbox(spec)
+
+    start = time.perf_counter()
+    open_errors = await run_bounded(n, 16, open_one)
+    open_s = time.perf_counter() - start
+    live = [sb for sb in slots if sb is not None]
+    try:
+        async def answer(i: int) -> None:
+            check(await live[i].exec(["echo", str(i)]), str(i))
+
+        exec_errors = await run_bounded(len(live), 16, answer)
+        await settle()
+        used = avail - meminfo()
+        rss_used = (own_status("VmRSS") - rss) * 1024
+        charged = charged_bytes() - charged
+    finally:
+        start = time.perf_counter()
+        close_errors = await run_bounded(len(live), 16, lambda i: live[i].close())
+        close_s = time.perf_counter() - start
+    await settle()
+    missing = avail - meminfo()  # the kernel frees some namespace memory lazily
+    for what, errors in (("open", open_errors), ("exec", exec_errors), ("close", close_errors)):
+        if errors:
+            console.print(f"  [red]{len(errors)} {what} failures[/], first: {errors[0]!r}")
+    answered, count = len(live) - len(exec_errors), max(len(live), 1)
+    per = used / count / MiB
+    return report([
+        Figure("density", f"open {n} sandboxes, 16 at a time", open_s, "s"),
+        Figure("density", "sandboxes opened per second", len(live) / open_s, "/s"),
+        Figure("density", f"live sandboxes answering exec (of {n})", answered, "",
+               target=f"= {n}", passed=answered == n),
+        Figure("density", "host memory per sandbox (MemAvailable)", per, "MiB",
+               target="<= 2 MiB", passed=per <= 2),
+        Figure("density", "  cgroup charge + bwrap PSS per sandbox", charged / count / MiB,
+               "MiB"),
+        Figure("density", "  harness RSS per sandbox", rss_used / count / 1024, "KiB"),
+        Figure("density", f"close {len(live)} sandboxes, 16 at a time", close_s, "s"),
+        Figure("density", "MemAvailable still missing 0.5 s after close", missing / MiB, "MiB",
+               used / MiB, "taken while open"),
+    ])
+
+
+async def throughput(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    k, spec, expected = scale.episodes, SandboxSpec(), str(sum(range(1000)))
+
+    async def episode(_: int) -> None:
+        async with open_sandbox(spec) as sb:
+            check(await sb.exec([PYTHON, "-c", PROGRAM]), expected)
+
+    async def bare(_: int) -> None:
+        if (await plain(PYTHON, "-c", PROGRAM)).decode().strip() != expected:
+            raise RuntimeError("the plain python3 baseline printed the wrong thing")
+
+    async def rate(job: Callable[[int], Awaitable[None]], concurrency: int) -> float:
+        start = time.perf_counter()
+        errors = await run_bounded(k, concurrency, job)
+        if errors:
+            raise RuntimeError(f"{len(errors)} of {k} episodes failed, first: {errors[0]!r}")
+        return k / (time.perf_counter() - start)
+
+    figures, first = [], None
+    for c in (1, 8, 32):
+        ours, base = await rate(episode, c), await rate(bare, c)
+        first = first or ours
+        figures += [Figure("throughput", f"episodes/s at concurrency {c}", ours, "/s", first,
+                           "concurrency 1"),
+                    Figure("throughput", f"  same vs plain python3 at concurrency {c}", ours,
+                           "/s", base, "plain")]
+    return report(figures)
+
+
+def user_processes() -> list[tuple[int, int]]:
+    """(pid, ppid) of every user-space process on the host; kernel threads come and go alone."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone while we looked
+            if not int(fields[6]) & 0x00200000:  # PF_KTHREAD
+                found.append((int(entry.name), int(fields[1])))
+    return found
+
+
+def ours(pid: int, ppid: int) -> bool:
+    """Whether a process belongs to this process's sandboxes: a bubblewrap we started, or
+    anything in our sandbox cgroups. Other jobs on the host may run sandboxes too."""
+    if ppid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return f"/tempering/{local.host().tag}/" in f.read()
+    except OSError:
+        return False
+
+
+def charged_bytes() -> int:
+    """Memory charged to our sandbox cgroups, plus the PSS of the bubblewrap processes above
+    them (they stay in our own cgroup): a per-sandbox figure that other jobs cannot disturb."""
+    h = local.host()
+    owner = h.hierarchy.owner_dirs(h.tag)
+    usage = (owner["memory"] / "memory.usage_in_bytes" if h.hierarchy.version == 1
+             else owner[""] / "memory.current")
+    total = int(usage.read_text())
+    for pid, ppid in user_processes():
+        if ppid == os.getpid():
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    total += next(int(line.split()[1]) * 1024 for line in f
+                                  if line.startswith("Pss:"))
+            except (OSError, StopIteration):
+                pass
+    return total
+
+
+def snapshot() -> dict[str, int]:
+    """What an open/close cycle must give back, counted now."""
+    h = local.host()
+    processes = user_processes()
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for _ in f)
+    cgroups = sum(len([p for p in d.iterdir() if p.is_dir()])
+                  for d in h.hierarchy.owner_dirs(h.tag).values())
+    return {"host user-space processes (all jobs)": len(processes),
+            "processes of our sandboxes": sum(ours(pid, ppid) for pid, ppid in processes),
+            "mounts (/proc/self/mountinfo)": mounts,
+            "open fds of this process": len(os.listdir("/proc/self/fd")),
+            "sandbox cgroup dirs": cgroups, "threads of this process": own_status("Threads")}
+
+
+async def leaks(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    m, spec = args.cycles or scale.cycles, SandboxSpec()
+
+    async def cycle(_: int) -> None:
+        async with open_sandbox(spec) as sb:
+            check(await sb.exec(["true"]))
+
+    await run_bounded(16, 8, cycle)  # lazily made things (host check, loop state) exist first
+    await settle()
+    before, avail = snapshot(), meminfo()
+    start = time.perf_counter()
+    errors = await run_bounded(m, 8, cycle)
+    elapsed = time.perf_counter() - start
+    for _ in range(10):  # a few seconds for stragglers; a leak stays
+        await settle()
+        after = snapshot()
+        if all(after[k] == before[k] for k in before if not k.startswith("host")):
+            break
+    if errors:
+        console.print(f"  [red]{len(errors)} of {m} cycles failed[/], first: {errors[0]!r}")
+    drift = (avail - meminfo()) / MiB
+    figures = [Figure("leaks", f"{m} open/exec/close cycles, 8 at a time", elapsed, "s"),
+               Figure("leaks", "cycles per second", m / elapsed, "/s"),
+               Figure("leaks", "failed cycles", len(errors), "", target="= 0",
+                      passed=not errors)]
+    for key, value in before.items():
+        shared = key.startswith("host")  # informative only: other jobs start and stop processes
+        figures.append(Figure("leaks", key, after[key], "", value, "before",
+                              "" if shared else f"= {value}",
+                              None if shared else after[key] == value, relative=False))
+    figures.append(Figure("leaks", "MemAvailable drop over the cycles", drift, "MiB"))
+    return report(figures)
+
+
+async def command(*argv: str, limit_s: float = 20.0) -> tuple[int, str]:
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=PIPE, stderr=PIPE)
+    except OSError as exc:
+        return 127, str(exc)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), limit_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return 124, f"{argv[0]} timed out after {limit_s} s"
+    return proc.returncode or 0, (out or err).decode(errors="replace").strip()
+
+
+async def docker(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    if shutil.which("docker") is None or (await command("docker", "info"))[0] != 0:
+        console.print("  docker: no engine, skipped")
+        return []
+    code, images = await command("docker", "images", "-q")
+    if code != 0 or not images:
+        console.print("  docker: no image present locally, skipped")
+        return []
+    image, spec = images.split()[0], SandboxSpec()
+
+    async def container() -> None:
+        code, out = await command("docker", "run", "--rm", image, "true", limit_s=60)
+        if code != 0:
+            raise RuntimeError(f"docker run --rm {image} true failed ({code}): {out}")
+
+    async def sandbox() -> None:
+        async with open_sandbox(spec) as sb:
+            check(await sb.exec(["true"]))
+
+    theirs, ours = await side_by_side(timed(container), timed(sandbox), scale.docker_runs, warmup=1)
+    return report([Figure("docker", f"docker run --rm {image} true p50", percentile(theirs, 50),
+                          "ms", percentile(ours, 50), "sandbox open+exec+close p50")])
+
+
+SECTIONS: dict[str, Callable[[Scale, argparse.Namespace], Awaitable[list[Figure]]]] = {
+    "cold": cold_start, "exec": live_exec, "fork": fork, "density": density,
+    "throughput": throughput, "leaks": leaks, "docker": docker,
+}
+
+
+# ---- running and reporting ----
+
+def machine() -> dict[str, object]:
+    h = local.host()
+    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
+            "memory_gib": round(meminfo("MemTotal") / (1 << 30), 1),
+            "python": platform.python_version(), "cgroup": f"v{h.hierarchy.version}",
+            "load_1m": os.getloadavg()[0]}
+
+
+def summary(figures: list[Figure]) -> Table:
+    table = Table(title="local sandbox backend", title_justify="left")
+    for col, justify in (("section", "left"), ("figure", "left"), ("value", "right"),
+                         ("baseline (same run)", "right"), ("ratio", "right"),
+                         ("target", "left"), ("", "left")):
+        table.add_column(col, justify=justify)
+    previous = None
+    for f in figures:
+        base = "" if f.baseline is None else f"{fmt(f.baseline, f.unit)} ({f.baseline_name})"
+        ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
+        table.add_row("" if f.section == previous else f.section, f.name.strip(),
+                      fmt(f.value, f.unit), base, ratio, f.target, verdict(f.passed),
+                      end_section=False)
+        previous = f.section
+    return table
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    """Run the chosen sections; a section that crashes is reported and the rest still run."""
+    scale = QUICK if args.quick else FULL
+    info = machine()
+    console.print(f"[bold]tempering sandbox benchmark[/] ({'quick' if args.quick else 'full'}) "
+                  + ", ".join(f"{k} {v}" for k, v in info.items()))
+    figures: list[Figure] = []
+    crashed: dict[str, str] = {}
+    started = time.perf_counter()
+    for name in args.only or list(SECTIONS):
+        console.rule(name)
+        section_start = time.perf_counter()
+        try:
+            figures += await SECTIONS[name](scale, args)
+        except Exception as exc:
+            console.print_exception()
+            crashed[name] = repr(exc)
+        console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
+    total = time.perf_counter() - started
+    console.print()
+    console.print(summary(figures))
+    load = os.getloadavg()[0]  # other jobs on the host show here, and in every ratio's spread
+    console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
+                  f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"
+                                         if crashed else ""))
+    return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
+            "crashed": crashed,
+            "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs (about 2 minutes)")
+    parser.add_argument("--density", type=int,
+                        help="sandboxes open at once (default 1000, quick 100)")
+    parser.add_argument("--cycles", type=int, help="leak-check cycles (default 10000, quick 500)")
+    parser.add_argument("--fork-mb", type=int, help="MiB in the forked workspace (100, quick 20)")
+    parser.add_argument("--only", type=lambda s: s.split(","),
+                        help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    args = parser.parse_args()
+    unknown = set(args.only or ()) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(SECTIONS)}")
+    result = asyncio.run(run(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"figures written to {args.json}")
+    sys.exit(1 if result["crashed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

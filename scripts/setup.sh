@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up Tempering on a Debian or Ubuntu machine, as root. Safe to run again: it installs only
+# what is missing, and reinstalls the Python package only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup: run as root (the local sandbox backend sets cgroup limits)" >&2
+    exit 1
+fi
+
+# System packages: bubblewrap (namespaces), a C compiler with static libc (the sandbox init),
+# the sandbox's default Python with pytest, venv for ours, procps for ps in tests.
+arch_lib=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v cc >/dev/null || need+=(gcc)
+[ -e "/usr/lib/$arch_lib/libc.a" ] || need+=(libc6-dev)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3 python3-pytest)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+command -v ps >/dev/null || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: Tempering needs Python >= 3.11; $python is $("$python" --version 2>&1)" >&2
+    exit 1
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=.venv/.tempering-installed
+digest=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
+    echo "setup: installing the tempering package into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e '.[dev]'
+    echo "$digest" > "$stamp"
+fi
+.venv/bin/tempering doctor --quiet >/dev/null 2>&1 || .venv/bin/tempering doctor

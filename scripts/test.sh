@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the test suite. Extra arguments go to pytest, e.g. `-m "not slow"`.
+# Fails when no test ran (pytest exit code 5), so a broken collection cannot pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+.venv/bin/python -m pytest "$@"
+code=$?
+if [ $code -eq 5 ]; then
+    echo "test: no tests were collected; that is a failure" >&2
+    exit 1
+fi
+exit $code

@@ -1,0 +1,373 @@
+"""The ``tempering`` command line: ``demo``, ``sandbox run``, ``doctor``, ``reclaim``.
+
+Each subcommand is a small function that imports what it needs when it runs, so ``--help`` and
+a typo cost no backend import. Sandbox options are ``SandboxSpec`` fields: their help text is the
+field's docstring and their values are validated by the model, so the command line cannot
+accept what the Python API would reject. Bad input ends in one line naming the offending value
+and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import inspect
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, NoReturn
+
+from tempering import __version__
+
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
+EXIT_SANDBOX_FAILED = 125
+
+# SandboxSpec field -> (option, type, metavar); the help text comes from the field's docstring.
+SPEC_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "memory_mb": ("--memory-mb", int, "MB"),
+    "cpus": ("--cpus", float, "X"),
+    "pids": ("--pids", int, "N"),
+    "disk_mb": ("--disk-mb", int, "MB"),
+    "timeout_s": ("--timeout", float, "S"),
+}
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps prose paragraphs to the terminal, keeps indented lines (examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for para in textwrap.dedent(text).strip().split("\n\n"):
+            if any(line.startswith("  ") for line in para.splitlines()):
+                paragraphs.append(textwrap.indent(para, indent))
+            else:
+                paragraphs.append(textwrap.fill(" ".join(para.split()), width,
+                                                initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(paragraphs)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: say what was wrong and where help is.
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+@cache
+def _spec_docs() -> dict[str, str]:
+    """Each SandboxSpec field's docstring, as one line of plain text."""
+    from tempering.sandbox.spec import SandboxSpec
+
+    docs = {name: f.description for name, f in SandboxSpec.model_fields.items() if f.description}
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(SandboxSpec))).body[0].body  # type: ignore[attr-defined]
+    except (OSError, TypeError):  # no source shipped: the help goes without the docstrings
+        return docs
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs.setdefault(node.target.id, " ".join(after.value.value.replace("``", "").split()))
+    return docs
+
+
+def _add_spec_options(parser: argparse.ArgumentParser, fields: Sequence[str],
+                      overrides: dict[str, str] | None = None) -> None:
+    from tempering.sandbox.spec import SandboxSpec
+
+    for field in fields:
+        option, kind, metavar = SPEC_OPTIONS[field]
+        default = SandboxSpec.model_fields[field].default
+        text = (overrides or {}).get(field) or _spec_docs().get(field, "")
+        text = text.replace("%", "%%")
+        parser.add_argument(option, dest=field, type=kind, metavar=metavar,
+                            help=f"{text} (default: {default})")
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    """The SandboxSpec the options ask for (raises pydantic's ValidationError if invalid)."""
+    from tempering.sandbox.spec import SandboxSpec
+
+    values = {f: getattr(args, f) for f in [*SPEC_OPTIONS, "network"] if hasattr(args, f)}
+    return SandboxSpec(**{k: v for k, v in values.items() if v is not None})
+
+
+def _describe(exc: Any) -> str:
+    """A pydantic ValidationError as one line in the command line's own terms."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"])
+        option = SPEC_OPTIONS[field][0] if field in SPEC_OPTIONS else field
+        message = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{option} {err.get('input')}: {message[0].lower()}{message[1:]}")
+    return "; ".join(parts)
+
+
+# ---- subcommands ----
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tempering.demo import run_demo
+
+    summary = asyncio.run(run_demo(args.episodes, args.concurrency, _spec(args)))
+    return 0 if summary.ok else 1
+
+
+def _cmd_sandbox_run(args: argparse.Namespace) -> int:
+    from tempering.errors import SandboxError
+
+    argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not argv:
+        raise _UsageError("give the command to run after `--`, e.g. "
+                          "`tempering sandbox run -- python3 -c 'print(1)'`")
+    spec = _spec(args)
+
+    async def run() -> Any:
+        from tempering.sandbox import open_sandbox
+
+        async with open_sandbox(spec) as sandbox:
+            return await sandbox.exec(argv)
+
+    try:
+        result = asyncio.run(run())
+    except SandboxError as exc:
+        print(f"tempering: error: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILED
+    sys.stdout.write(result.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(result.stderr)
+    if result.truncated:
+        print(f"tempering: output exceeded {spec.output_limit_bytes} bytes per stream; "
+              "the middle was dropped", file=sys.stderr)
+    if result.oom_killed:
+        print(f"tempering: killed for exceeding --memory-mb {spec.memory_mb}", file=sys.stderr)
+    if result.timed_out:
+        print(f"tempering: timed out after {spec.timeout_s:g} s (--timeout); killed",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    if result.exit_code is None:
+        return EXIT_SANDBOX_FAILED
+    return 128 - result.exit_code if result.exit_code < 0 else result.exit_code
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = asyncio.run(_doctor_checks())
+    table = Table(title="Local sandbox backend on this host", title_justify="left")
+    for name in ("check", "", "details"):
+        table.add_column(name)
+    for name, passed, detail in rows:
+        mark = "[dim]–" if passed is None else "[green]✓" if passed else "[red]✗"
+        table.add_row(name, mark, detail if passed is not False else f"[red]{detail}")
+    console = Console()
+    console.print(table)
+    failed = sum(passed is False for _, passed, _ in rows)
+    console.print("[bold green]✓ ready" if not failed else
+                  f"[bold red]✗ {failed} check(s) failed; apply the fix shown and run again")
+    return 1 if failed else 0
+
+
+async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
+    """(check, passed, details or the fix); None: skipped because an earlier check failed."""
+    import time
+
+    from tempering.sandbox import SandboxSpec, open_sandbox
+    from tempering.sandbox.local import host
+
+    names = ["local backend prerequisites", "start a sandbox", "python3 in the sandbox",
+             "pytest in the sandbox", "memory limit enforced"]
+    rows: list[tuple[str, bool | None, str]] = []
+
+    def skip_rest() -> list[tuple[str, bool | None, str]]:
+        return rows + [(n, None, "skipped") for n in names[len(rows):]]
+
+    try:
+        h = host()
+    except Exception as exc:  # whatever stops the backend is this check's finding
+        rows.append((names[0], False, str(exc)))
+        return skip_rest()
+    rows.append((names[0], True, f"bubblewrap {h.bwrap}, root, user namespaces, "
+                                  f"cgroup v{h.hierarchy.version}"))
+    spec = SandboxSpec(memory_mb=128, timeout_s=30)
+    start = time.perf_counter()
+    try:
+        sandbox = await open_sandbox(spec)
+    except Exception as exc:
+        rows.append((names[1], False, f"{exc}; run `tempering reclaim` and try again"))
+        return skip_rest()
+    async with sandbox:
+        rows.append((names[1], True, f"started in {(time.perf_counter() - start) * 1000:.0f} ms"))
+        checks = [
+            ("python3 --version", "install Python 3 on the host (`apt-get install -y python3`); "
+                                  "sandboxes see the host's system read-only"),
+            ("python3 -c 'import pytest; print(\"pytest\", pytest.__version__)'",
+             "install pytest for the host's python3 (`apt-get install -y python3-pytest`)"),
+        ]
+        for name, (cmd, fix) in zip(names[2:4], checks, strict=True):
+            result = await sandbox.exec(cmd)
+            if not result.ok:
+                why = result.stderr.strip()[-120:] or f"exit {result.exit_code}"
+                rows.append((name, False, f"`{cmd}` failed ({why}); {fix}"))
+                return skip_rest()
+            rows.append((name, True, result.stdout.strip()))
+        result = await sandbox.exec(["python3", "-c", "b'x' * (512 << 20)"])
+        if result.oom_killed:
+            rows.append((names[4], True, "512 MB in a 128 MB sandbox was killed"))
+        else:
+            rows.append((names[4], False, f"512 MB in a 128 MB sandbox was not killed "
+                         f"(exit {result.exit_code}); check that the cgroup memory controller "
+                         "is enabled"))
+    return rows
+
+
+def _cmd_reclaim(args: argparse.Namespace) -> int:
+    from tempering.sandbox import cgroup
+    from tempering.sandbox.local import LocalSandbox
+
+    removed = 0
+    if os.geteuid() == 0:
+        # host(), which LocalSandbox.reclaim() runs first, sweeps once without counting: count
+        # that sweep here so the number printed is what this command removed.
+        removed += cgroup.reclaim(cgroup.Hierarchy.detect())
+    removed += LocalSandbox.reclaim()
+    print(f"removed {removed} leftover cgroup(s) of crashed tempering processes")
+    return 0
+
+
+class _UsageError(Exception):
+    pass
+
+
+# ---- parser ----
+
+_DEMO_EPILOG = """\
+examples:
+  tempering demo
+  tempering demo --episodes 1000 --concurrency 64 --memory-mb 256 --cpus 0.5
+
+Every 25th episode misbehaves on purpose (eats memory, loops forever, floods stdout); it counts
+as expected when the sandbox reports oom, timeout or truncated. Exit status 0 iff every episode
+had its expected outcome.
+"""
+
+_RUN_EPILOG = """\
+examples:
+  tempering sandbox run -- echo hi
+  tempering sandbox run --memory-mb 256 --timeout 5 -- python3 -c 'print(2 + 2)'
+  tempering sandbox run --network -- getent hosts example.com
+  tempering sandbox run -- sh -c 'nproc; ulimit -a | head -3'
+
+Prints the command's stdout and stderr once it ends. Exit status: the command's own; 124 on
+timeout; 128+N when killed by signal N (137: killed, e.g. out of memory); 125 when the sandbox
+itself failed.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tempering", description="Tempering: infrastructure for post-training "
+                     "LLM agents with RL in real execution environments.")
+    parser.add_argument("--version", action="version", version=f"tempering {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo", help="run many short episodes through a sandbox pool and report latencies",
+        description="Run episodes through a SandboxPool: allocate a sandbox, run a small Python "
+                    "program, check its output, release; then print latency percentiles and "
+                    "outcomes.", epilog=_DEMO_EPILOG)
+    demo.add_argument("--episodes", type=_positive_int, default=300, metavar="N",
+                      help="episodes to run (default: 300)")
+    demo.add_argument("--concurrency", type=_positive_int, default=32, metavar="C",
+                      help="episodes in flight at once, and the pool's max_instances "
+                           "(default: 32)")
+    _add_spec_options(demo, ["memory_mb", "cpus"])
+    demo.set_defaults(func=_cmd_demo)
+
+    sandbox = commands.add_parser("sandbox", help="work with single sandboxes",
+                                  description="Work with single sandboxes.")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", metavar="COMMAND")
+    run = sandbox_commands.add_parser(
+        "run", help="run one command in a fresh sandbox",
+        description="Run one command in a fresh sandbox and remove the sandbox afterwards. The "
+                    "command runs directly, not through a shell: use `sh -c '...'` for pipes.",
+        epilog=_RUN_EPILOG)
+    _add_spec_options(run, ["memory_mb", "cpus", "pids", "disk_mb"])
+    run.add_argument("--network", action="store_true", default=None,
+                     help=_spec_docs().get("network", "give the sandbox the host's network"))
+    _add_spec_options(run, ["timeout_s"], overrides={
+        "timeout_s": "Wall-clock limit of the command; past it, everything it started is killed "
+                     "and the exit status is 124."})
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                     help="the command and its arguments")
+    run.set_defaults(func=_cmd_sandbox_run)
+    sandbox.set_defaults(func=lambda _: _help(sandbox))
+
+    doctor = commands.add_parser(
+        "doctor", help="check that this host can run local sandboxes",
+        description="Check this host for the local sandbox backend: bubblewrap, root, user "
+                    "namespaces and cgroups, then start a sandbox and run python3 and pytest in "
+                    "it. Prints each check with the fix for any that fails; exit status 1 if any "
+                    "fails.")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    reclaim = commands.add_parser(
+        "reclaim", help="remove what crashed tempering processes left behind",
+        description="Remove the sandbox cgroups (and any process still in them) of tempering "
+                    "processes that no longer run, and print how many were removed. Safe while "
+                    "other tempering processes run: only dead owners' leftovers are touched.")
+    reclaim.set_defaults(func=_cmd_reclaim)
+    parser.set_defaults(func=lambda _: _help(parser))
+    return parser
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    from pydantic import ValidationError
+
+    from tempering.errors import ConfigError, TemperingError
+
+    try:
+        return args.func(args)
+    except ValidationError as exc:
+        print(f"tempering: error: {_describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigError, _UsageError) as exc:
+        print(f"tempering: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TemperingError as exc:
+        print(f"tempering: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tempering: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""The host side of the sandbox init's protocol (``init.c``): one channel per sandbox.
+
+``InitChannel`` owns the SOCK_SEQPACKET socket to the sandbox's PID 1. It starts commands
+(``EXEC``, with host pipes passed as SCM_RIGHTS), routes exit statuses back to them, and asks
+for tree kills and marks. ``LocalProcess`` reads a command's pipes on the event loop: no thread
+per sandbox or per command, so thousands of sandboxes share one loop.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import struct
+from collections.abc import Callable, Mapping, Sequence
+
+from tempering.errors import SandboxClosedError, SandboxStartError
+from tempering.sandbox.base import PIPE, Process, Sink
+
+MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
+MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
+_HEADER = struct.Struct("=IIII")
+
+
+class InitChannel:
+    """Talks to one sandbox's init; ``on_death`` is called once if the init goes away."""
+
+    def __init__(self, sock: socket.socket, label: str, on_death: Callable[[str], None]) -> None:
+        self._sock: socket.socket | None = sock
+        self._label = label
+        self._on_death = on_death
+        self._loop = asyncio.get_running_loop()
+        self._jobs: dict[int, LocalProcess] = {}
+        self._marks: dict[int, asyncio.Future[None]] = {}
+        self._ids = itertools.count(1)
+        self.ready: asyncio.Future[None] = self._loop.create_future()
+        sock.setblocking(False)
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    @property
+    def open(self) -> bool:
+        return self._sock is not None
+
+    def close(self, why: str) -> None:
+        """Close the socket (the init exits, and the sandbox with it) and fail what waits."""
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        if not self.ready.done():
+            self.ready.set_exception(SandboxClosedError(f"{self._label}: {why}"))
+        for proc in list(self._jobs.values()):
+            proc._finish(None, why)
+        self._jobs.clear()
+        for fut in self._marks.values():
+            if not fut.done():
+                fut.set_result(None)
+
+    def close_now(self) -> None:
+        """Synchronous close for interpreter exit (no loop calls)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def _on_readable(self) -> None:
+        while self._sock is not None:
+            try:
+                msg = self._sock.recv(4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg = b""
+            if not msg:
+                why = "the sandbox's init exited (sandbox died)"
+                self.close(why)
+                self._on_death(why)
+                return
+            kind, ident, value, _ = _HEADER.unpack_from(msg)
+            text = msg[_HEADER.size:].decode(errors="replace")
+            if kind == MSG_READY and not self.ready.done():
+                if value:
+                    self.ready.set_exception(SandboxStartError(text))
+                else:
+                    self.ready.set_result(None)
+            elif kind == MSG_EXIT and ident in self._jobs:
+                status = struct.unpack("=i", struct.pack("=I", value))[0]
+                self._jobs.pop(ident)._finish(os.waitstatus_to_exitcode(status), "")
+            elif kind == MSG_FAIL and ident in self._jobs:
+                self._jobs.pop(ident)._finish(None, text)
+            elif kind == MSG_MARKED and ident in self._marks:
+                fut = self._marks.pop(ident)
+                if not fut.done():
+                    fut.set_result(None)
+
+    def send(self, kind: int, ident: int, a: int = 0, b: int = 0, payload: bytes = b"",
+             fds: Sequence[int] = ()) -> None:
+        if self._sock is None:
+            raise SandboxClosedError(f"{self._label} is closed")
+        data = _HEADER.pack(kind, ident, a, b) + payload
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        try:
+            self._sock.sendmsg([data], anc)
+        except BlockingIOError:  # the init is busy: a short blocking send is the simplest fix
+            self._sock.setblocking(True)
+            try:
+                self._sock.sendmsg([data], anc)
+            finally:
+                self._sock.setblocking(False)
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdout: Sink,
+              stderr: Sink, stdin: bytes | object | None) -> LocalProcess:
+        ident = next(self._ids)
+        env_items = [f"{k}={v}" for k, v in env.items()]
+        payload = b"".join(s.encode() + b"\0" for s in [cwd, *argv, *env_items])
+        pipes = [os.pipe() for _ in range(3)]
+        theirs = (pipes[0][0], pipes[1][1], pipes[2][1])
+        try:
+            self.send(MSG_EXEC, ident, len(argv), len(env_items), payload, theirs)
+        except BaseException:
+            for r, w in pipes:
+                os.close(r)
+                os.close(w)
+            raise
+        for fd in theirs:
+            os.close(fd)
+        proc = LocalProcess(self, ident, pipes[0][1], pipes[1][0], pipes[2][0], stdout, stderr)
+        self._jobs[ident] = proc
+        if stdin is not PIPE:
+            proc._feed_stdin(stdin if isinstance(stdin, bytes) else b"")
+        return proc
+
+    async def mark(self, ident: int) -> None:
+        fut = self._loop.create_future()
+        self._marks[ident] = fut
+        self.send(MSG_MARK, ident)
+        await fut
+
+
+class LocalProcess(Process):
+    """A command running under the sandbox's init; its pipes are read on the event loop."""
+
+    def __init__(self, channel: InitChannel, ident: int, stdin_fd: int, out_fd: int, err_fd: int,
+                 stdout: Sink, stderr: Sink) -> None:
+        self._channel, self._id = channel, ident
+        self._loop = asyncio.get_running_loop()
+        self._stdin: int | None = stdin_fd
+        self._readers = {out_fd: stdout, err_fd: stderr}
+        for fd in self._readers:
+            os.set_blocking(fd, False)
+            self._loop.add_reader(fd, self._on_readable, fd)
+        self._exit: asyncio.Future[tuple[int | None, str]] = self._loop.create_future()
+        self._stdin_task: asyncio.Task[None] | None = None
+
+    def _on_readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if data:
+            self._readers[fd](data)
+        else:
+            self._close_reader(fd)
+
+    def _close_reader(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        del self._readers[fd]
+
+    def _drain(self) -> None:
+        """After the main process exited, take what is in the pipes; stop at an empty pipe, so a
+        daemon that kept the pipe open cannot hold the result."""
+        for fd in list(self._readers):
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                self._readers[fd](data)
+            self._close_reader(fd)
+
+    def _finish(self, code: int | None, why: str) -> None:
+        if self._exit.done():
+            return
+        self._drain()
+        self.close_stdin()
+        self._exit.set_result((code, why))
+
+    def _feed_stdin(self, data: bytes) -> None:
+        if not data:
+            self.close_stdin()
+        else:
+            self._stdin_task = self._loop.create_task(self._write_all(data, close=True))
+
+    async def _write_all(self, data: bytes, *, close: bool) -> None:
+        view = memoryview(data)
+        try:
+            while view and self._stdin is not None:
+                try:
+                    view = view[os.write(self._stdin, view):]
+                except BlockingIOError:
+                    fut = self._loop.create_future()
+                    self._loop.add_writer(self._stdin, fut.set_result, None)
+                    try:
+                        await fut
+                    finally:
+                        if self._stdin is not None:
+                            self._loop.remove_writer(self._stdin)
+        except (BrokenPipeError, OSError):
+            pass  # the command stopped reading; what it read is what it got
+        finally:
+            if close:
+                self.close_stdin()
+
+    async def wait(self) -> tuple[int | None, str]:
+        return await asyncio.shield(self._exit)
+
+    async def kill(self, *, since_mark: bool = False) -> None:
+        if not self._exit.done() and self._channel.open:
+            self._channel.send(MSG_KILL, self._id, signal.SIGKILL, int(since_mark))
+
+    async def mark(self) -> None:
+        await self._channel.mark(self._id)
+
+    async def write(self, data: bytes) -> None:
+        if self._stdin is None:
+            raise SandboxClosedError("the process's stdin is closed")
+        os.set_blocking(self._stdin, False)
+        await self._write_all(data, close=False)
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._stdin)
+            self._stdin = None

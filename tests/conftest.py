@@ -1,0 +1,27 @@
+"""Test-wide setup: the whole run sits under a cgroup guard.
+
+The security suite attacks real sandboxes with fork bombs, memory bombs and floods. They are
+safe only if the sandbox limits hold, so the test process first moves itself into a cgroup with
+a process and memory ceiling (sandboxes nest below it): a failed containment then fails a test
+instead of taking the machine down.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tempering.sandbox.cgroup import enter_guard
+
+GUARD_PIDS = int(os.environ.get("TEMPERING_TEST_PIDS", "6000"))
+GUARD_MEMORY_MB = int(os.environ.get("TEMPERING_TEST_MEMORY_MB", "12288"))
+
+
+def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
+    guard = enter_guard(pids=GUARD_PIDS, memory_mb=GUARD_MEMORY_MB)
+    config._tempering_guard = guard  # noqa: SLF001 - shown in the header below
+
+
+def pytest_report_header(config) -> str:  # type: ignore[no-untyped-def]
+    guard = getattr(config, "_tempering_guard", None)
+    return (f"tempering guard: pids<={GUARD_PIDS}, memory<={GUARD_MEMORY_MB} MiB ({guard})"
+            if guard else "tempering guard: none (not root or no cgroups)")

@@ -1,0 +1,268 @@
+"""Attacks on the sandbox, each against a real sandbox. The suite runs under the cgroup guard
+set up in tests/conftest.py, so a containment failure fails a test, not the machine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import pytest
+
+from tempering.errors import SandboxPathError
+from tempering.sandbox import SandboxPool, open_sandbox
+
+# ---- resource exhaustion ----
+
+
+async def test_fork_bomb_stops_at_pids_limit(make_spec) -> None:
+    async with open_sandbox(make_spec(pids=32)) as sb:
+        r = await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=10)
+        assert r.timed_out or "survived" in r.stdout or r.exit_code is not None
+        ok = await sb.exec("echo fine", timeout=10)  # the sandbox still answers afterwards
+        assert ok.stdout == "fine\n" or "pids" in ok.stderr
+
+
+async def test_python_fork_loop_is_contained(make_spec) -> None:
+    async with open_sandbox(make_spec(pids=32)) as sb:
+        code = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+        r = await sb.exec(["python3", "-c", code], timeout=2)
+        assert r.timed_out
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+
+
+async def test_memory_bomb_is_oom_killed(make_spec) -> None:
+    async with open_sandbox(make_spec(memory_mb=128)) as sb:
+        r = await sb.exec(["python3", "-c", "b = []\nwhile True: b.append(bytearray(1 << 24))"])
+        assert r.oom_killed and r.exit_code == -9
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_tmpfs_fill_cannot_exceed_disk(make_spec) -> None:
+    async with open_sandbox(make_spec(disk_mb=8, memory_mb=256)) as sb:
+        r = await sb.exec("cat /dev/zero > /tmp/fill; df -k /tmp | tail -1")
+        assert "No space left" in r.stderr
+        used_kb = int(r.stdout.split()[2])
+        assert used_kb <= 8 * 1024
+
+
+async def test_many_small_files_are_bounded(make_spec) -> None:
+    async with open_sandbox(make_spec(disk_mb=4)) as sb:
+        r = await sb.exec("i=0; while [ $i -lt 200000 ]; do : > f$i || break; i=$((i+1)); done; "
+                          "echo $i", timeout=30)
+        assert r.timed_out or int(r.stdout.strip() or 0) < 200000
+
+
+async def test_output_flood_is_capped(make_spec) -> None:
+    async with open_sandbox(make_spec(output_limit_bytes=64 * 1024)) as sb:
+        r = await sb.exec("yes flood", timeout=2)
+        assert r.timed_out and r.truncated
+        assert len(r.stdout) < 70 * 1024
+
+
+async def test_stderr_flood_is_capped(make_spec) -> None:
+    async with open_sandbox(make_spec(output_limit_bytes=64 * 1024)) as sb:
+        r = await sb.exec("head -c 50M /dev/zero >&2")
+        assert r.truncated and len(r.stderr) < 70 * 1024
+
+
+async def test_cpu_quota_holds(make_spec) -> None:
+    async with open_sandbox(make_spec(cpus=0.25)) as sb:
+        code = ("import time\nt=time.time(); c=time.process_time()\n"
+                "while time.time()-t < 2: pass\nprint(time.process_time()-c)")
+        r = await sb.exec(["python3", "-c", code])
+        assert float(r.stdout) < 1.0  # 0.25 of a core for 2 s is 0.5 s of CPU
+
+
+async def test_sigterm_ignoring_loop_is_killed_on_timeout(sb) -> None:
+    start = time.perf_counter()
+    r = await sb.exec("trap '' TERM INT HUP; while :; do :; done", timeout=0.5)
+    assert r.timed_out and time.perf_counter() - start < 5
+    assert "trap" not in (await sb.exec(["ps", "-eo", "args"])).stdout
+
+
+async def test_double_forked_setsid_daemon_is_killed_on_timeout(sb) -> None:
+    r = await sb.exec("setsid sh -c 'sleep 1000 &' & sleep 60", timeout=0.5)
+    assert r.timed_out
+    await asyncio.sleep(0.2)
+    assert "sleep" not in (await sb.exec("ps -eo comm")).stdout
+
+
+async def test_orphan_daemons_die_with_the_sandbox(make_spec) -> None:
+    async with open_sandbox(make_spec()) as sb:
+        await sb.exec("setsid sh -c 'exec -a tempering-orphan-probe sleep 1000' "
+                      ">/dev/null 2>&1 &")
+    await asyncio.sleep(0.2)
+    assert not any("tempering-orphan-probe" in _cmdline(p) for p in _pids())
+
+
+# ---- escaping the filesystem ----
+
+
+async def test_system_is_read_only(sb) -> None:
+    for target in ("/usr/bin/evil", "/etc/evil", "/evil", "/bin/evil"):
+        r = await sb.exec(f"echo x > {target}")
+        assert r.exit_code != 0, target
+
+
+async def test_host_private_paths_are_absent(sb) -> None:
+    r = await sb.exec("ls -d /root /home /work /run/docker.sock /var/run/docker.sock "
+                      "/etc/shadow /usr/local/bin/* 2>/dev/null; echo done")
+    assert r.stdout == "done\n"
+
+
+async def test_host_tmp_is_not_visible(sb, tmp_path) -> None:
+    marker = f"tempering-host-marker-{os.getpid()}"
+    (tmp_path / marker).write_text("secret")
+    r = await sb.exec(f"find / -name '{marker}' 2>/dev/null; ls /tmp")
+    assert marker not in r.stdout
+
+
+async def test_no_host_environment_leaks(sb, monkeypatch) -> None:
+    os.environ["TEMPERING_SECRET_PROBE"] = "leak"
+    try:
+        async with open_sandbox(sb.spec) as fresh:
+            r = await fresh.exec("env; cat /proc/1/environ | tr '\\0' '\\n'")
+        assert "TEMPERING_SECRET_PROBE" not in r.stdout
+    finally:
+        del os.environ["TEMPERING_SECRET_PROBE"]
+
+
+async def test_host_processes_are_invisible(sb) -> None:
+    r = await sb.exec("ps -eo pid,comm --no-headers")
+    pids = [int(line.split()[0]) for line in r.stdout.splitlines()]
+    assert max(pids) < 100 and "pytest" not in r.stdout and "python" not in r.stdout.replace(
+        "python3", "")
+
+
+async def test_symlink_planted_to_host_file_is_refused(sb) -> None:
+    await sb.exec("ln -s /etc/shadow shadow; ln -s /proc/1/root host; ln -s ../../../../etc up")
+    for path in ("shadow", "host/etc/passwd", "up/passwd"):
+        with pytest.raises(SandboxPathError):
+            await sb.read_file(path)
+    with pytest.raises(SandboxPathError):
+        await sb.write_file("up/evil", "x")
+    assert not os.path.exists("/etc/evil")
+
+
+async def test_traversal_on_every_file_call(sb, tmp_path) -> None:
+    for bad in ("../../etc/passwd", "/etc/passwd", "/proc/self/environ", "x/../../.."):
+        with pytest.raises(SandboxPathError):
+            await sb.read_file(bad)
+        with pytest.raises(SandboxPathError):
+            await sb.write_file(bad, "x")
+        with pytest.raises(SandboxPathError):
+            await sb.list(bad)
+        with pytest.raises(SandboxPathError):
+            await sb.upload(tmp_path, bad)
+        with pytest.raises(SandboxPathError):
+            await sb.download(bad, tmp_path / "out")
+
+
+async def test_symlinked_directory_in_upload_dest_is_refused(sb, tmp_path) -> None:
+    await sb.exec("ln -s /usr dest")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SandboxPathError):
+        await sb.upload(tmp_path, "dest/sub")
+
+
+async def test_download_skips_links_out(sb, tmp_path) -> None:
+    await sb.exec("mkdir d && echo ok > d/f && ln -s /etc/passwd d/p && ln -s /usr d/u")
+    await sb.download("d", tmp_path / "d")
+    assert sorted(os.listdir(tmp_path / "d")) == ["f"]
+
+
+async def test_fifo_does_not_hang_the_host(sb) -> None:
+    await sb.exec("mkfifo pipe")
+    with pytest.raises(SandboxPathError):
+        await asyncio.wait_for(sb.read_file("pipe"), 5)
+    with pytest.raises(SandboxPathError):
+        await asyncio.wait_for(sb.write_file("pipe", "x"), 5)
+
+
+# ---- privileges and kernel surface ----
+
+
+async def test_no_capabilities_and_no_new_privs(sb) -> None:
+    r = await sb.exec("grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")
+    fields = dict(line.split(":\t") for line in r.stdout.splitlines())
+    assert fields["CapEff"] == fields["CapPrm"] == fields["CapBnd"] == "0000000000000000"
+    assert fields["NoNewPrivs"] == "1" and fields["Seccomp"] == "2"
+
+
+async def test_namespace_and_mount_syscalls_are_refused(sb) -> None:
+    r = await sb.exec("unshare -U true; echo u=$?; unshare -rm true; echo r=$?; "
+                      "mount -t tmpfs none /tmp 2>&1; echo m=$?")
+    assert "u=0" not in r.stdout and "r=0" not in r.stdout and "m=0" not in r.stdout
+
+
+async def test_cannot_signal_or_trace_init(sb) -> None:
+    # PID 1 of a namespace ignores signals it has no handler for; its memory is not readable.
+    r = await sb.exec("kill -KILL 1; kill -STOP 1; head -c1 /proc/1/mem >/dev/null 2>&1; "
+                      "echo mem=$?")
+    assert "mem=0" not in r.stdout
+    assert (await sb.exec("echo still")).stdout == "still\n"
+
+
+async def test_no_network_by_default(sb) -> None:
+    r = await sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    assert r.stdout.split() == ["lo"]
+    code = ("import socket\ns=socket.socket()\ns.settimeout(2)\n"
+            "try:\n    s.connect(('1.1.1.1', 53)); print('connected')\n"
+            "except OSError as e: print('refused', e.errno)")
+    assert "refused" in (await sb.exec(["python3", "-c", code])).stdout
+
+
+async def test_cannot_reach_host_loopback_service(sb) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        r = await sb.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+                          f"{port}), timeout=2); print('reached')\"")
+        assert "reached" not in r.stdout
+    finally:
+        server.close()
+
+
+async def test_network_when_asked_shares_host_interfaces(make_spec) -> None:
+    async with open_sandbox(make_spec(network=True)) as sb:
+        r = await sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+        assert len(r.stdout.split()) >= 1
+
+
+# ---- cross-sandbox and cross-episode ----
+
+
+async def test_sandboxes_cannot_see_each_other(make_spec) -> None:
+    async with open_sandbox(make_spec()) as a, open_sandbox(make_spec()) as b:
+        await a.exec("echo secret-a > /tmp/a-secret; sleep 100 >/dev/null 2>&1 &")
+        r = await b.exec("ls /tmp; ps -eo comm; find / -name a-secret 2>/dev/null")
+        assert "a-secret" not in r.stdout and "sleep" not in r.stdout
+
+
+async def test_pool_hands_out_clean_sandboxes(make_spec) -> None:
+    spec = make_spec()
+    async with SandboxPool(max_instances=2, warm=1, spec=spec) as pool:
+        first = await pool.allocate("episode-1")
+        await first.exec("echo dirty > /workspace/leftover; export X=1; "
+                         "sleep 500 >/dev/null 2>&1 &")
+        await pool.release("episode-1")
+        second = await pool.allocate("episode-2")
+        r = await second.exec("ls -A /workspace /tmp; ps -eo comm")
+        assert "leftover" not in r.stdout and "sleep" not in r.stdout
+        await pool.release("episode-2")
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
