@@ -40,4 +40,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     .venv/bin/python -m pip install -q -e '.[dev]'
     echo "$digest" > "$stamp"
 fi
-.venv/bin/tempering doctor --quiet >/dev/null 2>&1 || .venv/bin/tempering doctor
+.venv/bin/tempering doctor >/dev/null 2>&1 || .venv/bin/tempering doctor

@@ -10,17 +10,20 @@ and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
-import inspect
 import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tempering import __version__
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from tempering.sandbox import ExecResult, SandboxSpec
 
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
@@ -60,6 +63,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+class _UsageError(Exception):
+    """A command line that parses but cannot be run (exit status 2)."""
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -72,20 +79,11 @@ def _positive_int(text: str) -> int:
 
 @cache
 def _spec_docs() -> dict[str, str]:
-    """Each SandboxSpec field's docstring, as one line of plain text."""
+    """Each SandboxSpec field's docstring (pydantic keeps them as descriptions), on one line."""
     from tempering.sandbox.spec import SandboxSpec
 
-    docs = {name: f.description for name, f in SandboxSpec.model_fields.items() if f.description}
-    try:
-        body = ast.parse(textwrap.dedent(inspect.getsource(SandboxSpec))).body[0].body  # type: ignore[attr-defined]
-    except (OSError, TypeError):  # no source shipped: the help goes without the docstrings
-        return docs
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs.setdefault(node.target.id, " ".join(after.value.value.replace("``", "").split()))
-    return docs
+    return {name: " ".join(f.description.replace("``", "").split())
+            for name, f in SandboxSpec.model_fields.items() if f.description}
 
 
 def _add_spec_options(parser: argparse.ArgumentParser, fields: Sequence[str],
@@ -101,7 +99,7 @@ def _add_spec_options(parser: argparse.ArgumentParser, fields: Sequence[str],
                             help=f"{text} (default: {default})")
 
 
-def _spec(args: argparse.Namespace) -> Any:
+def _spec(args: argparse.Namespace) -> SandboxSpec:
     """The SandboxSpec the options ask for (raises pydantic's ValidationError if invalid)."""
     from tempering.sandbox.spec import SandboxSpec
 
@@ -109,7 +107,7 @@ def _spec(args: argparse.Namespace) -> Any:
     return SandboxSpec(**{k: v for k, v in values.items() if v is not None})
 
 
-def _describe(exc: Any) -> str:
+def _describe(exc: ValidationError) -> str:
     """A pydantic ValidationError as one line in the command line's own terms."""
     parts = []
     for err in exc.errors():
@@ -138,7 +136,7 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
                           "`tempering sandbox run -- python3 -c 'print(1)'`")
     spec = _spec(args)
 
-    async def run() -> Any:
+    async def run() -> ExecResult:
         from tempering.sandbox import open_sandbox
 
         async with open_sandbox(spec) as sandbox:
@@ -252,10 +250,6 @@ def _cmd_reclaim(args: argparse.Namespace) -> int:
     return 0
 
 
-class _UsageError(Exception):
-    pass
-
-
 # ---- parser ----
 
 _DEMO_EPILOG = """\
@@ -329,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reclaim = commands.add_parser(
         "reclaim", help="remove what crashed tempering processes left behind",
-        description="Remove the sandbox cgroups (and any process still in them) of tempering "
-                    "processes that no longer run, and print how many were removed. Safe while "
+        description="Remove what crashed tempering processes left behind: the cgroups of "
+                    "their sandboxes, and any process still in them. Prints how many cgroups "
+                    "were removed (on cgroup v1, a sandbox has one per controller). Safe while "
                     "other tempering processes run: only dead owners' leftovers are touched.")
     reclaim.set_defaults(func=_cmd_reclaim)
     parser.set_defaults(func=lambda _: _help(parser))

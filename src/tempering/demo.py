@@ -60,9 +60,7 @@ class Latency:
 
     @classmethod
     def of(cls, seconds: Sequence[float]) -> Latency:
-        ms = sorted(s * 1000 for s in seconds)
-        if not ms:
-            return cls(0, 0.0, 0.0, 0.0, 0.0)
+        ms = sorted(s * 1000 for s in seconds)  # not empty: phases nobody reached are left out
 
         def rank(q: float) -> float:  # nearest rank: a value that was measured
             return ms[max(0, min(len(ms) - 1, int(q * len(ms) + 0.999999) - 1))]
@@ -80,7 +78,8 @@ class DemoSummary:
     outcomes: Mapping[tuple[str, str], int]
     """(expected outcome, actual outcome) -> how many episodes."""
     latency: Mapping[str, Latency]
-    """Phase ("allocate", "exec", "exec (misbehaving)", "release") -> its percentiles."""
+    """Phase -> its percentiles: "allocate", "exec" (well-behaved episodes), "exec (oom)",
+    "exec (timeout)", "exec (truncated)" (the misbehaving ones), "release"."""
     warm_hits: int
     """Allocations served by a pre-started sandbox."""
 
@@ -174,7 +173,7 @@ async def _episode(pool: SandboxPool, spec: SandboxSpec, i: int, plan: _Plan) ->
         lap("allocate")
         try:
             result = await sandbox.exec(plan.argv, timeout=plan.timeout)
-            lap("exec" if plan.expected == "ok" else "exec (misbehaving)")
+            lap("exec" if plan.expected == "ok" else f"exec ({plan.expected})")
             outcome = _grade(result, plan.answer)
         finally:
             await pool.release(task_id)
@@ -188,15 +187,8 @@ async def _episode(pool: SandboxPool, spec: SandboxSpec, i: int, plan: _Plan) ->
 async def run_demo(n: int = 300, concurrency: int = 32, spec: SandboxSpec | None = None,
                    console: Console | None = None) -> DemoSummary:
     """Run ``n`` episodes, ``concurrency`` at a time; show progress, then print the summary."""
+    import rich.progress as rp
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
 
     if n < 1:
         raise ConfigError(f"episodes must be at least 1, got {n}")
@@ -207,9 +199,9 @@ async def run_demo(n: int = 300, concurrency: int = 32, spec: SandboxSpec | None
     plans = [_plan(i, spec) for i in range(n)]
     done: list[_Episode] = []
     start = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("[bold]episodes"), BarColumn(),
-                  MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                  console=console) as progress:
+    with rp.Progress(rp.SpinnerColumn(), rp.TextColumn("[bold]episodes"), rp.BarColumn(),
+                     rp.MofNCompleteColumn(), rp.TextColumn("{task.fields[status]}"),
+                     rp.TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("episodes", total=n, status="[green]all as expected")
         async with SandboxPool(max_instances=concurrency, warm=min(8, concurrency),
                                spec=spec) as pool:
@@ -227,11 +219,12 @@ async def run_demo(n: int = 300, concurrency: int = 32, spec: SandboxSpec | None
             warm_hits = pool.stats().warm_hits
     wall = time.perf_counter() - start
 
-    phases = ("allocate", "exec", "exec (misbehaving)", "release")
+    phases = ("allocate", "exec", "exec (oom)", "exec (timeout)", "exec (truncated)", "release")
     summary = DemoSummary(
         episodes=n, concurrency=concurrency, wall_s=wall,
         outcomes=dict(Counter((e.expected, e.outcome) for e in done)),
-        latency={p: Latency.of([e.seconds[p] for e in done if p in e.seconds]) for p in phases},
+        latency={p: Latency.of(t) for p in phases
+                 if (t := [e.seconds[p] for e in done if p in e.seconds])},
         warm_hits=warm_hits)
     print_summary(summary, console)
     return summary
@@ -239,23 +232,19 @@ async def run_demo(n: int = 300, concurrency: int = 32, spec: SandboxSpec | None
 
 def print_summary(summary: DemoSummary, console: Console) -> None:
     """The latency table, the outcome table and the totals."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    latency = Table(title="Latency per phase (ms)", title_justify="left")
-    latency.add_column("phase")
+    latency = Table("phase", title="Latency per phase (ms)", title_justify="left")
     for name in ("episodes", "p50", "p90", "p99", "max"):
         latency.add_column(name, justify="right")
     for phase, lat in summary.latency.items():
         latency.add_row(phase, str(lat.count), *(f"{v:.1f}" for v in
                                                  (lat.p50_ms, lat.p90_ms, lat.p99_ms, lat.max_ms)))
 
-    outcomes = Table(title="Outcomes", title_justify="left")
-    outcomes.add_column("expected")
-    outcomes.add_column("outcome")
-    outcomes.add_column("episodes", justify="right")
-    outcomes.add_column("as expected", justify="center")
-    for (want, got), count in sorted(summary.outcomes.items(), key=lambda kv: (kv[0][0] != "ok",
-                                                                              kv[0])):
+    outcomes = Table("expected", "outcome", Column("episodes", justify="right"),
+                     Column("as expected", justify="center"), title="Outcomes",
+                     title_justify="left")
+    for (want, got), count in sorted(summary.outcomes.items()):  # "ok" sorts first
         mark = "[green]✓" if want == got else "[red]✗"
         outcomes.add_row(want, got if want == got else f"[red]{got}", str(count), mark)
 

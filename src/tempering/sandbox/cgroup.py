@@ -225,19 +225,19 @@ def _kill_members(path: Path) -> None:
 def reclaim(hierarchy: Hierarchy) -> int:
     """Remove the sandbox cgroups of owners that no longer run; kill what is inside them.
 
-    Returns how many sandbox cgroups were removed.
+    Returns how many sandboxes were cleaned up (each has a cgroup per v1 controller).
     """
-    removed = 0
+    removed: set[str] = set()
     for base in hierarchy.bases.values():
         for owner in _subdirs(base):
             if _owner_alive(owner.name):
                 continue
             for sandbox in _subdirs(owner):
                 remove_cgroup(sandbox)
-                removed += 1
+                removed.add(f"{owner.name}/{sandbox.name}")
             with contextlib.suppress(OSError):
                 owner.rmdir()
-    return removed
+    return len(removed)
 
 
 def enter_guard(*, pids: int, memory_mb: int) -> Path | None:

@@ -38,6 +38,8 @@ class InitChannel:
         self._marks: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
         self.ready: asyncio.Future[None] = self._loop.create_future()
+        # A start can be abandoned (cancelled, pool closed) before anyone reads `ready`.
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         sock.setblocking(False)
         self._loop.add_reader(sock.fileno(), self._on_readable)
 

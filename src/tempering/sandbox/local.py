@@ -88,7 +88,6 @@ def host() -> Host:
     uid = int(os.environ.get("TEMPERING_SANDBOX_UID", "64000"))
     hierarchy = cgroup.Hierarchy.detect()
     tag = cgroup.owner_tag()
-    cgroup.reclaim(hierarchy)
     hierarchy.prepare(tag)
     atexit.register(_close_all_at_exit)
     return Host(bwrap, str(init_binary()), hierarchy, tag, uid, uid)
@@ -130,8 +129,13 @@ class LocalSandbox(Sandbox):
         """Remove what crashed earlier processes left (cgroups, processes); returns the count."""
         return cgroup.reclaim(host().hierarchy)
 
+    _reclaimed = False
+
     @classmethod
     async def create(cls, spec: SandboxSpec) -> LocalSandbox:
+        if not LocalSandbox._reclaimed:  # once per process, before the first sandbox
+            LocalSandbox._reclaimed = True
+            await asyncio.to_thread(cls.reclaim)
         sb = cls(spec)
         try:
             await sb._start()

@@ -33,7 +33,7 @@ def host_cpus() -> int:
 class SandboxSpec(BaseModel):
     """An isolated environment: its backend, its limits and its view of the world."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     backend: str = "local"
     """Which backend runs the sandbox: ``local`` (bubblewrap namespaces, cgroups, seccomp)."""
