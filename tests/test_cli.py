@@ -155,6 +155,6 @@ def test_reclaim_removes_what_a_crashed_process_left() -> None:
     assert subprocess.run([sys.executable, "-c", crash], timeout=60).returncode == 1
     proc = tempering("reclaim")
     assert proc.returncode == 0, proc.stderr
-    removed = re.fullmatch(r"removed (\d+) leftover cgroup\(s\) of crashed tempering processes\n",
+    removed = re.fullmatch(r"cleaned up (\d+) sandbox\(es\) left by crashed tempering processes\n",
                            proc.stdout)
     assert removed and int(removed.group(1)) >= 1, proc.stdout

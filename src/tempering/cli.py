@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -237,16 +236,10 @@ async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
-    from tempering.sandbox import cgroup
     from tempering.sandbox.local import LocalSandbox
 
-    removed = 0
-    if os.geteuid() == 0:
-        # host(), which LocalSandbox.reclaim() runs first, sweeps once without counting: count
-        # that sweep here so the number printed is what this command removed.
-        removed += cgroup.reclaim(cgroup.Hierarchy.detect())
-    removed += LocalSandbox.reclaim()
-    print(f"removed {removed} leftover cgroup(s) of crashed tempering processes")
+    removed = LocalSandbox.reclaim()
+    print(f"cleaned up {removed} sandbox(es) left by crashed tempering processes")
     return 0
 
 

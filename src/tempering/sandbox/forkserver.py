@@ -1,9 +1,10 @@
-"""The host side of the sandbox init's protocol (``init.c``): one channel per sandbox.
+"""The host side of the local backend's two fork servers (``spawner.c`` and ``init.c``).
 
-``InitChannel`` owns the SOCK_SEQPACKET socket to the sandbox's PID 1. It starts commands
-(``EXEC``, with host pipes passed as SCM_RIGHTS), routes exit statuses back to them, and asks
-for tree kills and marks. ``LocalProcess`` reads a command's pipes on the event loop: no thread
-per sandbox or per command, so thousands of sandboxes share one loop.
+``Spawner`` owns the one process per harness that starts bubblewrap as the sandbox uid, and
+reports when each exits. ``InitChannel`` owns the SOCK_SEQPACKET socket to one sandbox's PID 1:
+it starts commands (``EXEC``, with host pipes passed as SCM_RIGHTS), routes exit statuses back to
+them, and asks for tree kills and marks. ``LocalProcess`` reads a command's pipes on the event
+loop: no thread per sandbox or per command, so thousands of sandboxes share one loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from tempering.errors import SandboxClosedError, SandboxStartError
@@ -24,6 +26,119 @@ from tempering.sandbox.base import PIPE, Process, Sink
 MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
+SPAWN, SPAWNED, SPAWN_FAILED, SPAWN_EXITED = 1, 101, 102, 103
+
+
+def _send(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    try:
+        sock.sendmsg([data], anc)
+    except BlockingIOError:  # the peer is busy: a short blocking send is the simplest fix
+        sock.setblocking(True)
+        try:
+            sock.sendmsg([data], anc)
+        finally:
+            sock.setblocking(False)
+
+
+def _signed(value: int) -> int:
+    return struct.unpack("=i", struct.pack("=I", value))[0]
+
+
+class Spawner:
+    """Starts bubblewrap through ``spawner.c``: forking a small process, not the harness.
+
+    One per harness process; it dies with the thread that started it (PR_SET_PDEATHSIG), and
+    the sandboxes with it. Its socket is read on whichever event loop is running.
+    """
+
+    def __init__(self, binary: str, uid: int, gid: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [binary, str(theirs.fileno()), str(os.getpid())], pass_fds=(theirs.fileno(),),
+                user=uid, group=gid, extra_groups=[], env={}, cwd="/",
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self._sock: socket.socket | None = ours
+        ours.setblocking(False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._exits: dict[int, asyncio.Future[int]] = {}
+
+    @property
+    def alive(self) -> bool:
+        return self._sock is not None and self._proc.poll() is None
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop and self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._loop = loop
+        return loop
+
+    async def spawn(self, argv: Sequence[str],
+                    fds: Sequence[int]) -> tuple[int, asyncio.Future[int]]:
+        """Start ``argv`` with ``fds`` as its fds 0, 1, 2, ...; returns its pid and a future of
+        its wait status."""
+        loop = self._bind()
+        if self._sock is None:
+            raise SandboxStartError("the sandbox spawner is gone")
+        ident = next(self._ids)
+        fut: asyncio.Future[int] = loop.create_future()
+        self._pending[ident] = fut
+        payload = b"".join(a.encode() + b"\0" for a in argv)
+        _send(self._sock, _HEADER.pack(SPAWN, ident, len(argv), len(fds)) + payload, fds)
+        pid = await fut
+        return pid, self._exits[pid]
+
+    def _on_readable(self) -> None:
+        while self._sock is not None:
+            try:
+                msg = self._sock.recv(64)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg = b""
+            if not msg:
+                self._die()
+                return
+            kind, ident, a, b = _HEADER.unpack_from(msg)
+            if kind == SPAWNED and ident in self._pending:
+                self._exits[a] = self._loop.create_future()  # type: ignore[union-attr]
+                _settle(self._pending.pop(ident), result=a)
+            elif kind == SPAWN_FAILED and ident in self._pending:
+                _settle(self._pending.pop(ident), error=SandboxStartError(
+                    f"cannot start bubblewrap: {os.strerror(a)}"))
+            elif kind == SPAWN_EXITED and a in self._exits:
+                _settle(self._exits.pop(a), result=_signed(b))
+
+    def _die(self) -> None:
+        if self._sock is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        for fut in [*self._pending.values(), *self._exits.values()]:
+            _settle(fut, error=SandboxClosedError("the sandbox spawner died"))
+        self._pending.clear()
+        self._exits.clear()
+
+
+def _settle(fut: asyncio.Future[int], *, result: int = 0,
+            error: BaseException | None = None) -> None:
+    """Resolve a future that may belong to an event loop that has since closed."""
+    if fut.done() or fut.get_loop().is_closed():
+        return
+    if error is not None:
+        fut.set_exception(error)
+        fut.add_done_callback(lambda f: f.exception())
+    else:
+        fut.set_result(result)
 
 
 class InitChannel:
@@ -91,8 +206,7 @@ class InitChannel:
                 else:
                     self.ready.set_result(None)
             elif kind == MSG_EXIT and ident in self._jobs:
-                status = struct.unpack("=i", struct.pack("=I", value))[0]
-                self._jobs.pop(ident)._finish(os.waitstatus_to_exitcode(status), "")
+                self._jobs.pop(ident)._finish(os.waitstatus_to_exitcode(_signed(value)), "")
             elif kind == MSG_FAIL and ident in self._jobs:
                 self._jobs.pop(ident)._finish(None, text)
             elif kind == MSG_MARKED and ident in self._marks:
@@ -104,16 +218,7 @@ class InitChannel:
              fds: Sequence[int] = ()) -> None:
         if self._sock is None:
             raise SandboxClosedError(f"{self._label} is closed")
-        data = _HEADER.pack(kind, ident, a, b) + payload
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        try:
-            self._sock.sendmsg([data], anc)
-        except BlockingIOError:  # the init is busy: a short blocking send is the simplest fix
-            self._sock.setblocking(True)
-            try:
-                self._sock.sendmsg([data], anc)
-            finally:
-                self._sock.setblocking(False)
+        _send(self._sock, _HEADER.pack(kind, ident, a, b) + payload, fds)
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdout: Sink,
               stderr: Sink, stdin: bytes | object | None) -> LocalProcess:

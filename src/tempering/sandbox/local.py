@@ -26,7 +26,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from tempering.errors import (
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.files import Storage
-from tempering.sandbox.forkserver import InitChannel
-from tempering.sandbox.native import init_binary
+from tempering.sandbox.forkserver import InitChannel, Spawner
+from tempering.sandbox.native import native_binary
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec
 
@@ -54,6 +53,7 @@ class Host:
 
     bwrap: str
     init: str
+    spawner: str
     hierarchy: cgroup.Hierarchy
     tag: str
     uid: int
@@ -90,11 +90,46 @@ def host() -> Host:
     tag = cgroup.owner_tag()
     hierarchy.prepare(tag)
     atexit.register(_close_all_at_exit)
-    return Host(bwrap, str(init_binary()), hierarchy, tag, uid, uid)
+    return Host(bwrap, str(native_binary("init")), str(native_binary("spawner")), hierarchy,
+                tag, uid, uid)
 
 
 _live: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
 _next_cpu = itertools.count()
+_spawner: Spawner | None = None
+
+
+def spawner() -> Spawner:
+    """This process's spawner, started on first use (again if it died)."""
+    global _spawner
+    if _spawner is None or not _spawner.alive:
+        h = host()
+        _spawner = Spawner(h.spawner, h.uid, h.gid)
+    return _spawner
+
+
+def _stray_bwraps(uid: int) -> list[int]:
+    """bubblewrap children stuck before their sandbox started, after the harness died.
+
+    bubblewrap's inner process (PID 1 of the new namespace, before it runs our init) can miss
+    the death of its parent and wait forever. It runs as the sandbox uid, in a pid namespace of
+    its own, with a parent that is no longer bubblewrap: nothing alive owns it.
+    """
+    strays = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{status['PPid'].strip()}/comm") as f:
+                parent = f.read().strip()
+        except (OSError, KeyError):
+            continue
+        if (status.get("Name", "").strip() == "bwrap" and status["Uid"].split()[0] == str(uid)
+                and len(status.get("NSpid", "").split()) > 1 and parent != "bwrap"):
+            strays.append(int(entry))
+    return strays
 
 
 def _close_all_at_exit() -> None:
@@ -116,7 +151,9 @@ class LocalSandbox(Sandbox):
         self._host = host()
         self._cgroup = cgroup.SandboxCgroup(self._host.hierarchy, self._host.tag, self.id)
         self._channel: InitChannel | None = None
-        self._bwrap: subprocess.Popen[bytes] | None = None
+        self._bwrap_pid = 0
+        self._bwrap_exit: asyncio.Future[int] | None = None
+        self._bwrap_stderr = -1
         self._init_pid = 0
         self._closed = False
         self._dead: str | None = None
@@ -126,8 +163,14 @@ class LocalSandbox(Sandbox):
 
     @classmethod
     def reclaim(cls) -> int:
-        """Remove what crashed earlier processes left (cgroups, processes); returns the count."""
-        return cgroup.reclaim(host().hierarchy)
+        """Remove what crashed earlier processes left (cgroups, processes); returns how many
+        sandboxes were cleaned up."""
+        h = host()
+        strays = _stray_bwraps(h.uid)
+        for pid in strays:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return cgroup.reclaim(h.hierarchy) + len(strays)
 
     _reclaimed = False
 
@@ -149,26 +192,27 @@ class LocalSandbox(Sandbox):
         self._cgroup.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
+        err_r, err_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe
         args = [h.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--as-pid-1",
                 "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
                 *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
                 "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk",
-                "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
-                "--info-fd", str(info_w)]
+                "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/", "--info-fd", "4"]
         if not spec.network:
             args.append("--unshare-net")
-        args += ["/.tempering/init", str(theirs.fileno()), str(spec.disk_mb << 20),
-                 spec.workdir, "1000", "1000"]
+        args += ["/.tempering/init", "3", str(spec.disk_mb << 20), spec.workdir, "1000", "1000"]
+        self._bwrap_stderr = err_r
         try:
-            self._bwrap = subprocess.Popen(  # noqa: ASYNC220 - a vfork/exec, not a wait
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(), info_w), user=h.uid, group=h.gid, extra_groups=[],
-                env={}, cwd="/")
+            self._bwrap_pid, self._bwrap_exit = await spawner().spawn(
+                args, [devnull, devnull, err_w, theirs.fileno(), info_w])
         finally:
+            for fd in (devnull, err_w, info_w):
+                os.close(fd)
             theirs.close()
-            os.close(info_w)
         self._channel = InitChannel(ours, f"sandbox {self.id}", self._on_death)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
@@ -191,12 +235,12 @@ class LocalSandbox(Sandbox):
                                 spec.workdir, h.uid, h.gid)
 
     def _why(self, exc: BaseException) -> str:
-        detail = ""
-        if self._bwrap is not None and self._bwrap.stderr is not None:
+        detail = b""
+        if self._bwrap_stderr >= 0:
             with contextlib.suppress(OSError):
-                os.set_blocking(self._bwrap.stderr.fileno(), False)
-                detail = (self._bwrap.stderr.read() or b"").decode(errors="replace").strip()
-        return detail or str(exc) or type(exc).__name__
+                os.set_blocking(self._bwrap_stderr, False)
+                detail = os.read(self._bwrap_stderr, 65536)
+        return detail.decode(errors="replace").strip() or str(exc) or type(exc).__name__
 
     @property
     def closed(self) -> bool:
@@ -209,10 +253,11 @@ class LocalSandbox(Sandbox):
         _live.discard(self)
         if self._channel is not None:
             self._channel.close("sandbox closed")
-        if self._bwrap is not None:
-            await _wait_exit(self._bwrap, self._init_pid)
-            if self._bwrap.stderr is not None:
-                self._bwrap.stderr.close()
+        if self._bwrap_exit is not None:
+            await _wait_exit(self._bwrap_exit, self._bwrap_pid, self._init_pid)
+        if self._bwrap_stderr >= 0:
+            os.close(self._bwrap_stderr)
+            self._bwrap_stderr = -1
         self._cgroup.remove()
 
     def _kill_now(self) -> None:
@@ -220,12 +265,10 @@ class LocalSandbox(Sandbox):
         self._closed = True
         if self._channel is not None:
             self._channel.close_now()
-        if self._init_pid:
-            with contextlib.suppress(OSError):
-                os.kill(self._init_pid, signal.SIGKILL)
-        if self._bwrap is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._bwrap.wait(timeout=2.0)
+        for pid in (self._init_pid, self._bwrap_pid):
+            if pid > 0:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             self._cgroup.remove(timeout=2.0)
 
@@ -305,31 +348,19 @@ async def _read_child_pid(fd: int) -> int:
             return int(json.loads(buf)["child-pid"])
 
 
-async def _wait_exit(proc: subprocess.Popen[bytes], init_pid: int) -> None:
-    """Wait for bubblewrap to exit (it does once PID 1 is gone), without blocking the loop."""
-    if proc.poll() is not None:
-        return
-    loop = asyncio.get_running_loop()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except OSError:
-        await asyncio.to_thread(proc.wait)
-        return
-    try:
-        for attempt in range(2):
-            done: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(pidfd, _resolve, done)
-            try:
-                await asyncio.wait_for(done, 5.0)
-                break
-            except TimeoutError:  # PID 1 should be gone: force it, then bubblewrap
+async def _wait_exit(exited: asyncio.Future[int], bwrap_pid: int, init_pid: int) -> None:
+    """Wait for bubblewrap to exit, which it does once the sandbox's PID 1 is gone; force it
+    if it does not. Never signals pid 0 (this process group) for a start that got nowhere."""
+    for victim in (init_pid, bwrap_pid, 0):
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), 5.0)
+            return
+        except TimeoutError:
+            if victim > 0:
                 with contextlib.suppress(OSError):
-                    os.kill(init_pid if attempt == 0 else proc.pid, signal.SIGKILL)
-            finally:
-                loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
-    proc.wait()
+                    os.kill(victim, signal.SIGKILL)
+        except SandboxError:
+            return  # the spawner died, and bubblewrap with it
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

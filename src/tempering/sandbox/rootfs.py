@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from tempering.sandbox.native import etc_files
+from tempering.sandbox.native import empty_dir, etc_files, etc_view
 from tempering.sandbox.spec import SandboxSpec
 
 # /etc entries that programs read and that hold nothing private.
@@ -22,50 +22,45 @@ _ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"
         "debian_version", "os-release", "lsb-release", "bash.bashrc", "inputrc", "magic",
         "gai.conf", "host.conf", "login.defs", "shells", "environment", "papersize", "ucf.conf",
         "gitconfig", "vim", "perl", "xdg")
-# Top-level entries of a root filesystem that are never mounted from it.
+# Top-level entries of a root filesystem of the user's own that are never mounted from it.
 _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "boot", "lost+found", "media",
              "mnt", "srv", "var", ".tempering", "workspace"}
 
 
 def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
     """bubblewrap arguments that build the sandbox's read-only system."""
-    root = spec.rootfs or "/"
-    args: list[str] = []
     if spec.rootfs is None:
-        tops = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"]
+        root, tops = "/", ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"]
     else:
+        root = spec.rootfs
         tops = sorted(e for e in os.listdir(root) if e not in _SKIP_TOP and e != "etc")
+    args: list[str] = []
     for top in tops:
         host = os.path.join(root, top)
         if os.path.islink(host):
             args += ["--symlink", os.readlink(host), f"/{top}"]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, f"/{top}"]
-    if spec.rootfs is None and os.path.isdir("/usr/local"):
-        args += ["--tmpfs", "/usr/local", "--remount-ro", "/usr/local"]
-    args += _etc_args(root, spec, uid, gid)
+    if spec.rootfs is None:
+        args += ["--ro-bind", str(etc_view(_ETC, uid, gid)), "/etc"]
+        if os.path.isdir("/usr/local"):
+            args += ["--ro-bind", str(empty_dir()), "/usr/local"]
+    else:
+        args += _own_etc_args(root, uid, gid)
+    if spec.network and os.path.exists("/etc/resolv.conf") and spec.rootfs is None:
+        args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
     args += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--dir", "/run"]
     return args
 
 
-def _etc_args(root: str, spec: SandboxSpec, uid: int, gid: int) -> list[str]:
+def _own_etc_args(root: str, uid: int, gid: int) -> list[str]:
+    """A root filesystem of the user's own keeps its /etc, with our users and host names on
+    top of the files it has."""
     etc = os.path.join(root, "etc")
-    if spec.rootfs is None:
-        names = list(_ETC)
-    else:
-        names = sorted(os.listdir(etc)) if os.path.isdir(etc) else []
-    private = {"shadow", "gshadow", "shadow-", "gshadow-", "passwd", "group", "hostname", "hosts",
-               "resolv.conf", "ssh", "sudoers", "sudoers.d", "machine-id"}
-    args = ["--dir", "/etc"]
-    for name in names:
-        if name in private:
-            continue
-        path = os.path.join(etc, name)
-        if os.path.exists(path):  # follows links: /etc/os-release -> ../usr/lib/os-release
-            args += ["--ro-bind", path, f"/etc/{name}"]
+    if not os.path.isdir(etc):
+        return []
+    args = ["--ro-bind", etc, "/etc"]
     for name, path in etc_files(uid, gid).items():
-        args += ["--ro-bind", str(path), f"/etc/{name}"]
-    if spec.network and os.path.exists(os.path.join(etc, "resolv.conf")):
-        resolv = os.path.realpath(os.path.join(etc, "resolv.conf"))
-        args += ["--ro-bind", resolv, "/etc/resolv.conf"]
+        if name != "resolv.conf" and os.path.isfile(os.path.join(etc, name)):
+            args += ["--ro-bind", str(path), f"/etc/{name}"]
     return args
