@@ -4,7 +4,8 @@ Every sandbox gets one cgroup per controller (v1) or one cgroup (v2) below a dir
 names the owning process (``tempering/<pid>-<start time>``), so that cgroups left by a process
 that crashed can be found, emptied and removed by the next one (``reclaim``). On v1 the tree sits
 below this process's own cgroup, so any limit around the harness (a test guard, a container)
-also bounds its sandboxes; v2 forbids processes in inner nodes, so there it sits at the root.
+also bounds its sandboxes; v2 forbids processes in inner nodes, so there it sits at the root,
+or below ``$TEMPERING_CGROUP_PARENT`` (a cgroup without processes, such as the test guard).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Hierarchy:
                 continue
             available = (Path(point) / "cgroup.controllers").read_text().split()
             if all(c in available for c in CONTROLLERS):
-                return cls(2, {"": Path(point) / "tempering"})
+                parent = Path(os.environ.get("TEMPERING_CGROUP_PARENT", point))
+                return cls(2, {"": parent / "tempering"})
         missing = [c for c in CONTROLLERS if c not in v1]
         raise SandboxUnavailableError(
             f"the cgroup controllers {', '.join(missing)} are not available here; the local "
@@ -243,8 +245,10 @@ def reclaim(hierarchy: Hierarchy) -> int:
 def enter_guard(*, pids: int, memory_mb: int) -> Path | None:
     """Move this process into a new cgroup with a pids and memory ceiling (v1 or v2).
 
-    Used by the test suite so that a containment failure cannot take the machine down. Returns
-    the cgroup path, or None where cgroups cannot be written (not root).
+    Used by the test suite so that a containment failure cannot take the machine down: the
+    sandboxes this process starts nest below the guard too. Guards of processes that have
+    exited are removed first. Returns the guard's path, or None where cgroups cannot be written
+    (not root).
     """
     if os.geteuid() != 0:
         return None
@@ -256,12 +260,37 @@ def enter_guard(*, pids: int, memory_mb: int) -> Path | None:
             ctrl = next((c for c in ("pids", "memory") if c in opts), None)
             if ctrl is None:
                 continue
-            path = Path(point) / own.get(ctrl, "/").lstrip("/") / name
+            parent = Path(point) / own.get(ctrl, "/").lstrip("/")
+            _remove_dead_guards(parent)
+            path = parent / name
             path.mkdir(exist_ok=True)
-            if ctrl == "pids":
-                (path / "pids.max").write_text(str(pids))
-            else:
-                (path / "memory.limit_in_bytes").write_text(str(memory_mb << 20))
+            limit = "pids.max" if ctrl == "pids" else "memory.limit_in_bytes"
+            (path / limit).write_text(str(pids if ctrl == "pids" else memory_mb << 20))
             (path / "cgroup.procs").write_text(str(os.getpid()))
             entered = path
+        elif fstype == "cgroup2" and entered is None:
+            root = Path(point)
+            if not all(c in (root / "cgroup.controllers").read_text().split() for c in CONTROLLERS):
+                continue
+            # v2 allows processes only in leaves: the guard holds this process in guard/harness
+            # and the sandboxes in guard/tempering (TEMPERING_CGROUP_PARENT tells Hierarchy).
+            _remove_dead_guards(root)
+            _enable_controllers(root)
+            path = root / name
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(str(pids))
+            (path / "memory.max").write_text(str(memory_mb << 20))
+            _enable_controllers(path)
+            (path / "harness").mkdir(exist_ok=True)
+            (path / "harness" / "cgroup.procs").write_text(str(os.getpid()))
+            os.environ["TEMPERING_CGROUP_PARENT"] = str(path)
+            entered = path
     return entered
+
+
+def _remove_dead_guards(parent: Path) -> None:
+    for guard in parent.glob("tempering-guard-*"):
+        pid = guard.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):
+                remove_cgroup(guard, timeout=1.0)
