@@ -252,3 +252,41 @@ async def test_path_outside_is_refused(sb) -> None:
     for bad in ("../etc/passwd", "/etc/passwd", "a/../../x"):
         with pytest.raises(SandboxPathError, match="outside"):
             await sb.read_file(bad)
+
+
+@pytest.fixture
+def own_rootfs():  # type: ignore[no-untyped-def]
+    """A root filesystem of the user's own: the host's /usr bound in, a /etc of its own. It
+    lives where the unprivileged sandbox user can reach it (pytest's tmp_path is private)."""
+    import pathlib
+    import shutil
+    import subprocess
+    import tempfile
+
+    base = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tempering-rootfs-"))
+    root = base / "rootfs"
+    (root / "usr").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "rootfs-marker").write_text("from the custom root\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    for link in ("bin", "sbin", "lib", "lib64"):
+        if os.path.islink(f"/{link}"):
+            os.symlink(os.readlink(f"/{link}"), root / link)
+    subprocess.run(["mount", "--bind", "/usr", str(root / "usr")], check=True)
+    os.chmod(base, 0o755)
+    os.chmod(root, 0o755)
+    try:
+        yield str(root)
+    finally:
+        subprocess.run(["umount", str(root / "usr")], check=True)
+        shutil.rmtree(base)
+
+
+async def test_spec_can_name_another_root_filesystem(make_spec, own_rootfs) -> None:
+    async with open_sandbox(make_spec(rootfs=own_rootfs)) as sb:
+        r = await sb.exec("cat /etc/rootfs-marker; ls /etc; whoami; python3 -c 'print(1)'")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "from the custom root"
+    assert "debian_version" not in lines  # the host's /etc is not there
+    assert lines[-2:] == ["user", "1"]

@@ -226,7 +226,7 @@ class BtrfsPool:
             return
         with _opened(self.root) as root:
             try:
-                fcntl.ioctl(root, _SNAP_DESTROY_V2, _VOL_ARGS_V2.pack(0, 0, 0, b"", raw))
+                fcntl.ioctl(root, _SNAP_DESTROY_V2, bytearray(_VOL_ARGS_V2.pack(0, 0, 0, b"", raw)))
             except OSError as exc:
                 if exc.errno != errno.ENOTEMPTY:
                     raise SandboxError(f"cannot destroy volume {name!r}: {exc.strerror}") from None
@@ -252,8 +252,9 @@ class BtrfsPool:
     def subvolume_id(self, name: str) -> int:
         """The subvolume id of a volume, which is also its level-0 qgroup id (0/<id>)."""
         with _opened(self.path(name)) as fd:
-            out = fcntl.ioctl(fd, _INO_LOOKUP, _INO_LOOKUP_ARGS.pack(0, _SUBVOL_ROOT_INO, b""))
-        return _INO_LOOKUP_ARGS.unpack(out)[0]
+            buf = bytearray(_INO_LOOKUP_ARGS.pack(0, _SUBVOL_ROOT_INO, b""))
+            fcntl.ioctl(fd, _INO_LOOKUP, buf)
+        return _INO_LOOKUP_ARGS.unpack(buf)[0]
 
     def used_bytes(self, name: str) -> int:
         """Bytes the volume references, as of the last transaction commit (up to 30 s old)."""
@@ -278,7 +279,7 @@ class BtrfsPool:
     @staticmethod
     def _ioctl(fd: int, request: int, args: bytes, what: str) -> None:
         try:
-            fcntl.ioctl(fd, request, args)
+            fcntl.ioctl(fd, request, bytearray(args))  # a bytes argument is capped at 1 KiB
         except OSError as exc:
             hint = {errno.EEXIST: "a volume of that name exists",
                     errno.ENOENT: "quotas are not enabled: call mount() first",
