@@ -209,6 +209,10 @@ class LocalSandbox(Sandbox):
         try:
             self._bwrap_pid, self._bwrap_exit = await spawner().spawn(
                 args, [devnull, devnull, err_w, theirs.fileno(), info_w])
+        except BaseException:
+            ours.close()
+            os.close(info_r)
+            raise
         finally:
             for fd in (devnull, err_w, info_w):
                 os.close(fd)
