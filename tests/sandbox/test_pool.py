@@ -50,13 +50,17 @@ async def test_wait_times_out(make_spec) -> None:
         assert 0.25 < time.perf_counter() - start < 3
 
 
+async def _until_warm(pool: SandboxPool, count: int) -> None:
+    for _ in range(100):
+        if pool.stats().warm == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the pool never had {count} warm sandboxes: {pool.stats()}")
+
+
 async def test_warm_pool_serves_allocations(make_spec) -> None:
     async with SandboxPool(max_instances=4, warm=2, spec=make_spec()) as pool:
-        for _ in range(100):
-            if pool.stats().warm == 2:
-                break
-            await asyncio.sleep(0.05)
-        assert pool.stats().warm == 2
+        await _until_warm(pool, 2)
         start = time.perf_counter()
         await pool.allocate("t")
         assert time.perf_counter() - start < 0.05
@@ -96,10 +100,7 @@ async def test_renew_keeps_a_lease(make_spec) -> None:
 
 async def test_other_spec_evicts_warm(make_spec) -> None:
     async with SandboxPool(max_instances=1, warm=1, spec=make_spec()) as pool:
-        for _ in range(100):
-            if pool.stats().warm == 1:
-                break
-            await asyncio.sleep(0.05)
+        await _until_warm(pool, 1)
         sb = await pool.allocate("t", make_spec(memory_mb=128))
         assert sb.spec.memory_mb == 128
 
