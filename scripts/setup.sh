@@ -9,11 +9,13 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-# System packages: bubblewrap (namespaces), a C compiler with static libc (the sandbox init),
-# the sandbox's default Python with pytest, venv for ours, procps for ps in tests.
+# System packages: bubblewrap (namespaces), btrfs-progs (copy-on-write volumes), a C compiler
+# with static libc (the sandbox init), the sandbox's default Python with pytest, venv for ours,
+# procps for ps in tests.
 arch_lib=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)   # copy-on-write volumes (forks)
 command -v cc >/dev/null || need+=(gcc)
 [ -e "/usr/lib/$arch_lib/libc.a" ] || need+=(libc6-dev)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3 python3-pytest)
