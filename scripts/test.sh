@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the test suite. Extra arguments go to pytest, e.g. `-m "not slow"`.
+# Set up (if needed), lint, type-check and run the test suite. Extra arguments go to pytest,
+# e.g. `-m "not slow"`.
 # Fails when no test ran (pytest exit code 5), so a broken collection cannot pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+# Lint and type-check first: cheap, and a failure here is as real as a failing test.
+.venv/bin/ruff check src tests benchmarks || exit 1
+.venv/bin/mypy || exit 1
 .venv/bin/python -m pytest "$@"
 code=$?
 if [ $code -eq 5 ]; then

@@ -342,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tempering.errors import ConfigError, TemperingError
 
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except ValidationError as exc:
         print(f"tempering: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_USAGE

@@ -39,7 +39,8 @@ def backend_class(name: str) -> Any:
 async def create_sandbox(spec: SandboxSpec | None = None) -> Sandbox:
     """Start a sandbox; the caller must ``close()`` it."""
     spec = spec or SandboxSpec()
-    return await backend_class(spec.backend).create(spec)
+    sandbox: Sandbox = await backend_class(spec.backend).create(spec)
+    return sandbox
 
 
 class open_sandbox:  # noqa: N801 - used like a function: `async with open_sandbox(spec) as sb`

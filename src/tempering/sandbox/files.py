@@ -20,7 +20,8 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Concatenate, ParamSpec, TypeVar
 
 from tempering.errors import SandboxError, SandboxFileNotFoundError, SandboxPathError
 
@@ -34,6 +35,10 @@ _RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS
 _NO_LINKS = _RESOLVE | RESOLVE_NO_SYMLINKS
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
 class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
                 ("resolve", ctypes.c_uint64)]
@@ -41,8 +46,8 @@ class _OpenHow(ctypes.Structure):
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = _RESOLVE) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC | os.O_LARGEFILE, mode, resolve)
-    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
-                       ctypes.sizeof(how))
+    fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
+                            ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -61,11 +66,12 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
         _libc.setfsgid(old_gid)
 
 
-def _confined(method):  # type: ignore[no-untyped-def]
-    def wrapper(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+def _confined(method: Callable[Concatenate[Storage, P], R]) -> Callable[Concatenate[Storage, P], R]:
+    """Run a Storage method with the sandbox user's filesystem ids."""
+    def wrapper(self: Storage, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with as_user(self.uid, self.gid):
             return method(self, *args, **kwargs)
-    wrapper.__doc__, wrapper.__name__ = method.__doc__, method.__name__
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
     return wrapper
 
 
@@ -187,7 +193,7 @@ class Storage:
             os.close(fd)
 
     @_confined
-    def list(self, path: str) -> list[str]:
+    def listdir(self, path: str) -> list[str]:
         fd = self._dirfd(path or ".", create=False)
         try:
             return sorted(os.listdir(fd))

@@ -42,7 +42,8 @@ def _send(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
 
 
 def _signed(value: int) -> int:
-    return struct.unpack("=i", struct.pack("=I", value))[0]
+    signed: int = struct.unpack("=i", struct.pack("=I", value))[0]
+    return signed
 
 
 class Spawner:

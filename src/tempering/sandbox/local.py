@@ -306,7 +306,7 @@ class LocalSandbox(Sandbox):
         return self._files().read(path)
 
     async def list(self, path: str = ".") -> list[str]:
-        return self._files().list(path)
+        return self._files().listdir(path)
 
     async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
         await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
