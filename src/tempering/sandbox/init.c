@@ -6,7 +6,7 @@
  *
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
  *      size-limited tmpfs and binds two directories of it at the workdir and /tmp, so both count
- *      against one disk budget. Then it becomes an ordinary user in a nested user namespace,
+ *      against one disk budget (unless the host bound a copy-on-write volume there instead). Then it becomes an ordinary user in a nested user namespace,
  *      with no capability left, and installs a seccomp filter.
  *   2. It is a fork server: the host sends EXEC requests over a SOCK_SEQPACKET socket (argv[1]),
  *      with the command's stdin/stdout/stderr as SCM_RIGHTS file descriptors. A command in a
@@ -168,7 +168,8 @@ static const int denied[] = {
 
 static void install_seccomp(void) {
     enum { N = sizeof denied / sizeof denied[0] };
-    struct sock_filter prog[N + 16];
+    /* 2 instructions per denied call, 8 around them, 6 for ioctl, 7 for clone3 and clone. */
+    struct sock_filter prog[2 * N + 24];
     int n = 0;
     const uint32_t ns_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
                               CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP;
@@ -184,8 +185,14 @@ static void install_seccomp(void) {
     for (int i = 0; i < N; i++) {
         prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied[i], 0, 1);
         prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
-        if (n > (int)(sizeof prog / sizeof prog[0]) - 8) break;
     }
+    /* btrfs ioctls (type 0x94): a nested subvolume or snapshot would escape the volume's quota. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 5);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]));
+    prog[n++] = STMT(BPF_ALU | BPF_AND | BPF_K, 0xff00);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x9400, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     /* clone3 passes its flags in memory that a filter cannot read: make libc fall back to clone. */
     prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
     prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
@@ -448,7 +455,7 @@ int main(int argc, char **argv) {
     }
     CTL_FD = atoi(argv[1]);
     unsigned long long disk = strtoull(argv[2], NULL, 10);
-    setup_disk(disk, argv[3]);
+    if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
     become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
     install_seccomp();
 
