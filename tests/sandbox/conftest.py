@@ -1,8 +1,9 @@
 """Fixtures for the sandbox suites, parameterised over every backend that runs here.
 
 The conformance and security suites are written once against the contract; each backend joins
-by adding its name to BACKENDS (the docker backend will). A backend that cannot run on this
-host is skipped with the reason it gave, never silently passed.
+by adding its name to BACKENDS (the docker backend will), and each runs with both storages. A
+backend or storage that cannot run on this host is skipped with the reason it gave, never
+silently passed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import SandboxSpec, open_sandbox
 
 BACKENDS = ["local"]
+STORAGES = ["memory", "volume"]
 
 
 def _available(backend: str) -> str | None:
@@ -34,9 +36,22 @@ def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(params=STORAGES)
+def storage(request: pytest.FixtureRequest, backend: str) -> str:
+    if request.param == "volume":
+        try:
+            from tempering.sandbox.local import volumes
+
+            volumes()
+        except SandboxUnavailableError as exc:
+            pytest.skip(f"volume storage unavailable: {exc}")
+    return request.param
+
+
 @pytest.fixture
-def make_spec(backend: str):  # type: ignore[no-untyped-def]
+def make_spec(backend: str, storage: str):  # type: ignore[no-untyped-def]
     def make(**kw) -> SandboxSpec:  # type: ignore[no-untyped-def]
+        kw.setdefault("storage", storage)
         kw.setdefault("memory_mb", 256)
         kw.setdefault("pids", 64)
         kw.setdefault("disk_mb", 64)

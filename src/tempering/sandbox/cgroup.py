@@ -63,7 +63,7 @@ def owner_tag(pid: int | None = None) -> str:
     return f"{pid}-{process_start_time(pid)}"
 
 
-def _owner_alive(tag: str) -> bool:
+def owner_alive(tag: str) -> bool:
     pid, _, start = tag.partition("-")
     if not pid.isdigit():
         return True  # not ours to judge
@@ -232,7 +232,7 @@ def reclaim(hierarchy: Hierarchy) -> int:
     removed: set[str] = set()
     for base in hierarchy.bases.values():
         for owner in _subdirs(base):
-            if _owner_alive(owner.name):
+            if owner_alive(owner.name):
                 continue
             for sandbox in _subdirs(owner):
                 remove_cgroup(sandbox)

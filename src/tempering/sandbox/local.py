@@ -38,11 +38,12 @@ from tempering.errors import (
 )
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
-from tempering.sandbox.files import Storage
+from tempering.sandbox.files import Storage, as_user
 from tempering.sandbox.forkserver import InitChannel, Spawner
-from tempering.sandbox.native import native_binary
+from tempering.sandbox.native import home, native_binary
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec
+from tempering.sandbox.volumes import BtrfsPool
 
 START_TIMEOUT_S = 30.0
 
@@ -108,6 +109,30 @@ def spawner() -> Spawner:
     return _spawner
 
 
+_volumes: BtrfsPool | None = None
+
+
+def volumes() -> BtrfsPool:
+    """The host's pool of copy-on-write volumes (``storage="volume"``), mounted on first use."""
+    global _volumes
+    if _volumes is None:
+        pool = BtrfsPool(home() / "volumes.img", home() / "volumes").mount()
+        os.chmod(pool.root, 0o755)  # the sandbox uid must reach its own volume to bind it
+        _volumes = pool
+    return _volumes
+
+
+def _reclaim_volumes() -> int:
+    """Destroy the volumes of owners that no longer run (named ``<owner tag>.<sandbox id>``)."""
+    root = home() / "volumes"
+    if not os.path.ismount(root):
+        return 0
+    dead = [e for e in os.listdir(root) if "." in e and not cgroup.owner_alive(e.split(".")[0])]
+    for name in dead:
+        volumes().destroy(name)
+    return len(dead)
+
+
 def _stray_bwraps(uid: int) -> list[int]:
     """bubblewrap children stuck before their sandbox started, after the harness died.
 
@@ -158,6 +183,11 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._dead: str | None = None
         self._storage: Storage | None = None
+        self._volume: str | None = None  # set once this sandbox owns a volume
+
+    @property
+    def volume_name(self) -> str:
+        return f"{self._host.tag}.{self.id}"
 
     # ---- lifecycle ----
 
@@ -170,7 +200,7 @@ class LocalSandbox(Sandbox):
         for pid in strays:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        return cgroup.reclaim(h.hierarchy) + len(strays)
+        return cgroup.reclaim(h.hierarchy) + len(strays) + _reclaim_volumes()
 
     _reclaimed = False
 
@@ -187,9 +217,32 @@ class LocalSandbox(Sandbox):
             raise
         return sb
 
-    async def _start(self) -> None:
+    def _new_volume(self, snapshot_of: str | None) -> str:
+        """Create (or snapshot) this sandbox's volume, with a workdir and /tmp of its user."""
+        pool, name, size = volumes(), self.volume_name, self.spec.disk_mb << 20
+        if snapshot_of is None:
+            path = pool.create(name, size)
+            self._volume = name
+            os.chown(path, self._host.uid, self._host.gid)
+            with as_user(self._host.uid, self._host.gid):
+                os.mkdir(path / "workspace", 0o755)
+                os.mkdir(path / "tmp", 0o1777)
+                os.chmod(path / "tmp", 0o1777)
+        else:
+            pool.snapshot(snapshot_of, name, size)
+            self._volume = name
+        return name
+
+    async def _start(self, snapshot_of: str | None = None) -> None:
         h, spec = self._host, self.spec
         self._cgroup.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
+        storage: list[str] = []
+        disk = str(spec.disk_mb << 20)
+        if spec.storage == "volume":
+            vol = volumes().path(await asyncio.to_thread(self._new_volume, snapshot_of))
+            storage = ["--bind", str(vol / "workspace"), spec.workdir,
+                       "--bind", str(vol / "tmp"), "/tmp"]
+            disk = "0"  # the init mounts no tmpfs
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -200,11 +253,11 @@ class LocalSandbox(Sandbox):
                 "--die-with-parent", "--new-session", "--as-pid-1",
                 "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
                 *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
-                "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk",
+                "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk", *storage,
                 "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/", "--info-fd", "4"]
         if not spec.network:
             args.append("--unshare-net")
-        args += ["/.tempering/init", "3", str(spec.disk_mb << 20), spec.workdir, "1000", "1000"]
+        args += ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000"]
         self._bwrap_stderr = err_r
         try:
             self._bwrap_pid, self._bwrap_exit = await spawner().spawn(
@@ -234,9 +287,13 @@ class LocalSandbox(Sandbox):
         finally:
             os.close(info_r)
         _live.add(self)
-        root = f"/proc/{self._init_pid}/root"
-        self._storage = Storage({spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"},
-                                spec.workdir, h.uid, h.gid)
+        if self._volume is not None:
+            volume = volumes().path(self._volume)
+            roots = {spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp")}
+        else:
+            root = f"/proc/{self._init_pid}/root"
+            roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"}
+        self._storage = Storage(roots, spec.workdir, h.uid, h.gid)
 
     def _why(self, exc: BaseException) -> str:
         detail = b""
@@ -263,6 +320,9 @@ class LocalSandbox(Sandbox):
             os.close(self._bwrap_stderr)
             self._bwrap_stderr = -1
         self._cgroup.remove()
+        if self._volume is not None:  # after every process is gone: nothing writes to it now
+            volumes().destroy(self._volume)
+            self._volume = None
 
     def _kill_now(self) -> None:
         """Synchronous last resort (interpreter exit)."""
@@ -275,6 +335,9 @@ class LocalSandbox(Sandbox):
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             self._cgroup.remove(timeout=2.0)
+        if self._volume is not None:
+            with contextlib.suppress(OSError, SandboxError):
+                volumes().destroy(self._volume)
 
     def _on_death(self, why: str) -> None:
         self._dead = why
@@ -315,11 +378,18 @@ class LocalSandbox(Sandbox):
         await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
 
     async def fork(self) -> LocalSandbox:
-        """A new sandbox whose workdir and /tmp are a copy of this one's (processes are not)."""
+        """A new sandbox whose workdir and /tmp are a copy of this one's (processes are not).
+
+        With ``storage="volume"`` the copy is a btrfs snapshot (it first writes back data not yet
+        on disk); with ``memory`` it is a file copy."""
         ensure_open(self)
-        child = await LocalSandbox.create(self.spec)
+        child = LocalSandbox(self.spec)
         try:
-            await asyncio.to_thread(self._files().copy_into, child._files())
+            if self._volume is not None:
+                await child._start(snapshot_of=self._volume)
+            else:
+                await child._start()
+                await asyncio.to_thread(self._files().copy_into, child._files())
         except OSError as exc:
             await child.close()
             raise SandboxError(f"fork of {self.id} failed copying its files: {exc}") from None

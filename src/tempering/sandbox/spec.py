@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -45,6 +45,10 @@ class SandboxSpec(BaseModel):
     """Most processes and threads alive at once; a fork bomb stops here."""
     disk_mb: Annotated[int, Field(ge=1)] = 256
     """Size of the writable storage shared by the workdir and /tmp."""
+    storage: Literal["memory", "volume"] = "memory"
+    """Where the workdir and /tmp live: ``memory`` (a tmpfs, counted in memory_mb too; fork
+    copies the files) or ``volume`` (a copy-on-write btrfs volume of disk_mb on the host's disk;
+    fork is a snapshot, whose cost does not grow with the files at rest)."""
     network: bool = False
     """Give the sandbox the host's network; without it there is only loopback."""
     workdir: str = "/workspace"
