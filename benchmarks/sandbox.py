@@ -11,7 +11,8 @@ figure to compare across machines. Sections:
 1. cold start: open a sandbox, ``exec(["true"])``, close it; vs a plain asyncio subprocess of
    ``true`` with its output captured (what a harness without sandboxes would do).
 2. live exec: ``exec(["true"])`` in a running sandbox; vs the same plain subprocess.
-3. fork: fork of a sandbox holding ``--fork-mb`` MiB of files in 1 MiB files; vs fork of an
+3. fork: fork of a sandbox holding ``--fork-mb`` MiB of files in 1 MiB files, for both storages
+   (``memory`` copies, ``volume`` snapshots; its first fork writes fresh data back); vs fork of an
    empty one (so the ratio isolates the cost of copying the files). The child's close is not timed.
 4. density: N sandboxes open at once (16 opening at a time), each must answer an exec; host
    memory per sandbox is the drop in /proc/meminfo MemAvailable divided by N. Other jobs on the
@@ -49,8 +50,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
 from tempering.sandbox.base import DEFAULT_PATH
+from tempering.sandbox.local import volumes
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 PIPE = asyncio.subprocess.PIPE
@@ -236,15 +239,25 @@ def verdict(passed: bool | None) -> str:
 # ---- sections ----
 
 async def cold_start(scale: Scale, args: argparse.Namespace) -> list[Figure]:
-    spec = SandboxSpec()
+    figures: list[Figure] = []
+    for storage in ("memory", "volume"):
+        if storage == "volume":
+            try:
+                volumes()
+            except SandboxUnavailableError as exc:
+                print(f"  cold start, storage=volume: skipped ({exc})")
+                continue
+        spec = SandboxSpec(storage=storage)
 
-    async def sandbox() -> None:
-        async with open_sandbox(spec) as sb:
-            check(await sb.exec(["true"]))
+        async def sandbox(spec: SandboxSpec = spec) -> None:
+            async with open_sandbox(spec) as sb:
+                check(await sb.exec(["true"]))
 
-    ours, base = await side_by_side(timed(sandbox), timed(lambda: plain("true")), scale.cold_runs)
-    return report(latency_figures("cold start", "open+exec true+close", ours, "subprocess true",
-                                  base, p50_ms=10))
+        ours, base = await side_by_side(timed(sandbox), timed(lambda: plain("true")),
+                                        scale.cold_runs)
+        figures += latency_figures("cold start", f"open+exec true+close, storage={storage}",
+                                   ours, "subprocess true", base, p50_ms=10)
+    return report(figures)
 
 
 async def live_exec(scale: Scale, args: argparse.Namespace) -> list[Figure]:
@@ -259,13 +272,30 @@ async def live_exec(scale: Scale, args: argparse.Namespace) -> list[Figure]:
 
 
 async def fork(scale: Scale, args: argparse.Namespace) -> list[Figure]:
+    """Fork a full workspace vs an empty one, for each storage that runs here: ``memory`` copies
+    files, ``volume`` snapshots a btrfs subvolume (its first fork also writes back fresh data)."""
     mb = args.fork_mb or scale.fork_mb
-    spec = SandboxSpec(disk_mb=max(256, 2 * mb), memory_mb=max(512, 3 * mb))
+    figures: list[Figure] = []
+    for storage in ("memory", "volume"):
+        if storage == "volume":
+            try:
+                volumes()
+            except SandboxUnavailableError as exc:
+                print(f"  fork, storage=volume: skipped ({exc})")
+                continue
+        figures += await _fork(storage, mb, scale.fork_runs)
+    return report(figures)
+
+
+async def _fork(storage: str, mb: int, runs: int) -> list[Figure]:
+    spec = SandboxSpec(disk_mb=max(256, 2 * mb), memory_mb=max(512, 3 * mb), storage=storage)
     async with open_sandbox(spec) as full, open_sandbox(spec) as empty:
         block = os.urandom(MiB)
         for i in range(mb):
             await full.write_file(f"data/{i:04d}.bin", i.to_bytes(4, "little") + block[4:])
-        child = await full.fork()  # once, untimed: a fork must really hold the files
+        start = time.perf_counter()
+        child = await full.fork()  # the first fork: for a volume, it writes the data back
+        first_ms = (time.perf_counter() - start) * 1e3
         try:
             names = await child.list("data")
             last = await child.read_file(f"data/{mb - 1:04d}.bin")
@@ -283,9 +313,12 @@ async def fork(scale: Scale, args: argparse.Namespace) -> list[Figure]:
                 return ms
             return run
 
-        ours, base = await side_by_side(forking(full), forking(empty), scale.fork_runs, warmup=2)
-    return report(latency_figures("fork", f"fork {mb} MiB workspace", ours, "fork empty", base,
-                                  p50_ms=10))
+        ours, base = await side_by_side(forking(full), forking(empty), runs, warmup=2)
+    figures = latency_figures("fork", f"fork {mb} MiB workspace, storage={storage}", ours,
+                              "fork empty", base, p50_ms=10)
+    figures.append(Figure("fork", f"first fork right after writing, storage={storage}",
+                          first_ms, "ms"))
+    return figures
 
 
 async def density(scale: Scale, args: argparse.Namespace) -> list[Figure]:
