@@ -145,16 +145,31 @@ def test_doctor_passes_on_this_host() -> None:
     assert "✓ ready" in proc.stdout
 
 
-def test_reclaim_removes_what_a_crashed_process_left() -> None:
+@pytest.mark.parametrize("storage", ["memory", "volume"])
+def test_reclaim_removes_what_a_crashed_process_left(storage: str) -> None:
+    if storage == "volume":
+        from tempering.errors import SandboxUnavailableError
+        from tempering.sandbox.local import volumes
+
+        try:
+            volumes()
+        except SandboxUnavailableError as exc:
+            pytest.skip(f"volume storage unavailable: {exc}")
     crash = ("import asyncio, os\n"
-             "from tempering.sandbox import open_sandbox\n"
+             "from tempering.sandbox import SandboxSpec, open_sandbox\n"
              "async def main():\n"
-             "    await open_sandbox()\n"
-             "    os._exit(1)  # no cleanup: the sandbox's cgroups stay behind\n"
+             f"    await open_sandbox(SandboxSpec(storage={storage!r}))\n"
+             "    print(os.getpid(), flush=True)\n"
+             "    os._exit(1)  # no cleanup: the sandbox's cgroups (and volume) stay behind\n"
              "asyncio.run(main())\n")
-    assert subprocess.run([sys.executable, "-c", crash], timeout=60).returncode == 1
+    run = subprocess.run([sys.executable, "-c", crash], timeout=60, capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr
+    pid = run.stdout.strip()
     proc = tempering("reclaim")
     assert proc.returncode == 0, proc.stderr
     removed = re.fullmatch(r"cleaned up (\d+) sandbox\(es\) left by crashed tempering processes\n",
                            proc.stdout)
     assert removed and int(removed.group(1)) >= 1, proc.stdout
+    volumes_dir = "/var/lib/tempering/volumes"
+    if storage == "volume":
+        assert not [v for v in os.listdir(volumes_dir) if v.startswith(f"{pid}-")]

@@ -224,10 +224,11 @@ def _kill_members(path: Path) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def reclaim(hierarchy: Hierarchy) -> int:
+def reclaim(hierarchy: Hierarchy) -> set[str]:
     """Remove the sandbox cgroups of owners that no longer run; kill what is inside them.
 
-    Returns how many sandboxes were cleaned up (each has a cgroup per v1 controller).
+    Returns the names (``<owner tag>/<sandbox id>``) of the sandboxes cleaned up; each has a
+    cgroup per v1 controller.
     """
     removed: set[str] = set()
     for base in hierarchy.bases.values():
@@ -239,7 +240,7 @@ def reclaim(hierarchy: Hierarchy) -> int:
                 removed.add(f"{owner.name}/{sandbox.name}")
             with contextlib.suppress(OSError):
                 owner.rmdir()
-    return len(removed)
+    return removed
 
 
 def enter_guard(*, pids: int, memory_mb: int) -> Path | None:

@@ -122,15 +122,16 @@ def volumes() -> BtrfsPool:
     return _volumes
 
 
-def _reclaim_volumes() -> int:
-    """Destroy the volumes of owners that no longer run (named ``<owner tag>.<sandbox id>``)."""
+def _reclaim_volumes() -> set[str]:
+    """Destroy the volumes of owners that no longer run (named ``<owner tag>.<sandbox id>``);
+    returns their names as ``<owner tag>/<sandbox id>``."""
     root = home() / "volumes"
     if not os.path.ismount(root):
-        return 0
+        return set()
     dead = [e for e in os.listdir(root) if "." in e and not cgroup.owner_alive(e.split(".")[0])]
     for name in dead:
         volumes().destroy(name)
-    return len(dead)
+    return {name.replace(".", "/", 1) for name in dead}
 
 
 def _stray_bwraps(uid: int) -> list[int]:
@@ -200,7 +201,7 @@ class LocalSandbox(Sandbox):
         for pid in strays:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        return cgroup.reclaim(h.hierarchy) + len(strays) + _reclaim_volumes()
+        return len(cgroup.reclaim(h.hierarchy) | _reclaim_volumes()) + len(strays)
 
     _reclaimed = False
 
