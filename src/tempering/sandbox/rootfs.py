@@ -11,6 +11,7 @@ host's ``/tmp`` is there, and no engine socket. A spec may instead name another 
 from __future__ import annotations
 
 import os
+from functools import cache
 
 from tempering.sandbox.native import empty_dir, etc_files, etc_view
 from tempering.sandbox.spec import SandboxSpec
@@ -29,6 +30,12 @@ _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "boot", "lost+f
 
 def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
     """bubblewrap arguments that build the sandbox's read-only system."""
+    return list(_system_args(spec.rootfs, spec.network, uid, gid))
+
+
+@cache  # a root filesystem's layout does not change while sandboxes use it
+def _system_args(rootfs: str | None, network: bool, uid: int, gid: int) -> tuple[str, ...]:
+    spec = SandboxSpec(rootfs=rootfs, network=network)
     if spec.rootfs is None:
         root, tops = "/", ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"]
     else:
@@ -50,7 +57,7 @@ def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
     if spec.network and os.path.exists("/etc/resolv.conf") and spec.rootfs is None:
         args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
     args += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--dir", "/run"]
-    return args
+    return tuple(args)
 
 
 def _own_etc_args(root: str, uid: int, gid: int) -> list[str]:
