@@ -1,7 +1,8 @@
 """The ``local`` backend: Linux namespaces through bubblewrap, cgroup limits, seccomp.
 
-Starting a sandbox is one bubblewrap process: new user, pid, mount, net, ipc, uts and cgroup
-namespaces, a read-only system (``rootfs.py``), run as an unprivileged host uid. Its first
+Starting a sandbox is one bubblewrap process, forked by this process's spawner (``host.py``,
+``spawner.c``): new user, pid, mount, net, ipc, uts and cgroup namespaces, a read-only system
+(``rootfs.py``), run as an unprivileged host uid. Its first
 process is ``init.c``, a fork server that mounts the size-limited storage, drops every capability
 and installs seccomp. The host moves it into the sandbox's cgroups (``cgroup.py``) before the
 first command, then talks to it over one SOCK_SEQPACKET socket: a command costs a fork inside
@@ -9,8 +10,10 @@ the running sandbox, and its stdin/stdout/stderr are host pipes passed over that
 here with the event loop (no thread per sandbox). Closing the socket ends PID 1, and the kernel
 kills everything else in the sandbox with it; bubblewrap then exits and the cgroups go.
 
-Files are read and written from the host through ``/proc/<init>/root`` with kernel-confined path
-resolution (``files.py``), without starting a process inside.
+The workdir and /tmp are a tmpfs the init mounts (``storage="memory"``) or a copy-on-write btrfs
+volume bound in by bubblewrap (``storage="volume"``, ``volumes.py``), which makes ``fork`` a
+snapshot. Files are read and written from the host (through ``/proc/<init>/root`` or the
+volume) with kernel-confined path resolution (``files.py``), without starting a process inside.
 """
 
 from __future__ import annotations
@@ -23,141 +26,30 @@ import json
 import math
 import os
 import secrets
-import shutil
 import signal
 import socket
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cache
 
 from tempering.errors import (
     SandboxError,
     SandboxStartError,
-    SandboxUnavailableError,
 )
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.files import Storage, as_user
-from tempering.sandbox.forkserver import InitChannel, Spawner
-from tempering.sandbox.native import home, native_binary
+from tempering.sandbox.forkserver import InitChannel
+from tempering.sandbox.host import host, reclaim, spawner, volumes
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec
-from tempering.sandbox.volumes import BtrfsPool
+
+__all__ = ["LocalSandbox", "host", "spawner", "volumes"]
 
 START_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
-class Host:
-    """What every local sandbox on this host shares, checked once per process."""
-
-    bwrap: str
-    init: str
-    spawner: str
-    hierarchy: cgroup.Hierarchy
-    tag: str
-    uid: int
-    gid: int
-
-
-@cache
-def host() -> Host:
-    """Check that this host can run local sandboxes; say exactly what is missing if not."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise SandboxUnavailableError(
-            "bubblewrap (bwrap) is not installed; install it with `apt-get install -y bubblewrap`")
-    if os.geteuid() != 0:
-        raise SandboxUnavailableError(
-            "the local backend needs root on the host to set cgroup limits "
-            f"(running as uid {os.geteuid()}); run as root")
-    with contextlib.suppress(OSError):
-        with open("/proc/sys/user/max_user_namespaces") as f:
-            if int(f.read()) == 0:
-                raise SandboxUnavailableError(
-                    "user namespaces are disabled (user.max_user_namespaces = 0); enable them "
-                    "with `sysctl -w user.max_user_namespaces=15000`")
-    # Debian's older kernels and Ubuntu's AppArmor can forbid what bubblewrap needs.
-    for knob, bad, good in (("kernel.unprivileged_userns_clone", "0", "1"),
-                            ("kernel.apparmor_restrict_unprivileged_userns", "1", "0")):
-        with contextlib.suppress(OSError), open("/proc/sys/" + knob.replace(".", "/")) as f:
-            if f.read().strip() == bad:
-                raise SandboxUnavailableError(
-                    f"unprivileged user namespaces are restricted ({knob} = {bad}); bubblewrap "
-                    f"needs them: `sysctl -w {knob}={good}`")
-    uid = int(os.environ.get("TEMPERING_SANDBOX_UID", "64000"))
-    hierarchy = cgroup.Hierarchy.detect()
-    tag = cgroup.owner_tag()
-    hierarchy.prepare(tag)
-    atexit.register(_close_all_at_exit)
-    return Host(bwrap, str(native_binary("init")), str(native_binary("spawner")), hierarchy,
-                tag, uid, uid)
-
-
 _live: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
 _next_cpu = itertools.count()
-_spawner: Spawner | None = None
-
-
-def spawner() -> Spawner:
-    """This process's spawner, started on first use (again if it died)."""
-    global _spawner
-    if _spawner is None or not _spawner.alive:
-        h = host()
-        _spawner = Spawner(h.spawner, h.uid, h.gid)
-    return _spawner
-
-
-_volumes: BtrfsPool | None = None
-
-
-def volumes() -> BtrfsPool:
-    """The host's pool of copy-on-write volumes (``storage="volume"``), mounted on first use."""
-    global _volumes
-    if _volumes is None:
-        pool = BtrfsPool(home() / "volumes.img", home() / "volumes").mount()
-        os.chmod(pool.root, 0o755)  # the sandbox uid must reach its own volume to bind it
-        _volumes = pool
-    return _volumes
-
-
-def _reclaim_volumes() -> set[str]:
-    """Destroy the volumes of owners that no longer run (named ``<owner tag>.<sandbox id>``);
-    returns their names as ``<owner tag>/<sandbox id>``."""
-    root = home() / "volumes"
-    if not os.path.ismount(root):
-        return set()
-    dead = [e for e in os.listdir(root) if "." in e and not cgroup.owner_alive(e.split(".")[0])]
-    for name in dead:
-        volumes().destroy(name)
-    return {name.replace(".", "/", 1) for name in dead}
-
-
-def _stray_bwraps(uid: int) -> list[int]:
-    """bubblewrap children stuck before their sandbox started, after the harness died.
-
-    bubblewrap's inner process (PID 1 of the new namespace, before it runs our init) can miss
-    the death of its parent and wait forever. It runs as the sandbox uid, in a pid namespace of
-    its own, with a parent that is no longer bubblewrap: nothing alive owns it.
-    """
-    strays = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = dict(line.split(":", 1) for line in f if ":" in line)
-            with open(f"/proc/{status['PPid'].strip()}/comm") as f:
-                parent = f.read().strip()
-        except (OSError, KeyError):
-            continue
-        if (status.get("Name", "").strip() == "bwrap" and status["Uid"].split()[0] == str(uid)
-                and len(status.get("NSpid", "").split()) > 1 and parent != "bwrap"):
-            strays.append(int(entry))
-    return strays
-
-
 def _close_all_at_exit() -> None:
     """Nothing outlives the harness: kill what callers forgot to close, remove the cgroups."""
     for sb in list(_live):
@@ -196,12 +88,7 @@ class LocalSandbox(Sandbox):
     def reclaim(cls) -> int:
         """Remove what crashed earlier processes left (cgroups, processes); returns how many
         sandboxes were cleaned up."""
-        h = host()
-        strays = _stray_bwraps(h.uid)
-        for pid in strays:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        return len(cgroup.reclaim(h.hierarchy) | _reclaim_volumes()) + len(strays)
+        return reclaim()
 
     _reclaimed = False
 
@@ -210,6 +97,7 @@ class LocalSandbox(Sandbox):
         if not LocalSandbox._reclaimed:  # once per process, before the first sandbox
             LocalSandbox._reclaimed = True
             await asyncio.to_thread(cls.reclaim)
+            atexit.register(_close_all_at_exit)
         sb = cls(spec)
         try:
             await sb._start()
