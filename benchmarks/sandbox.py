@@ -236,17 +236,21 @@ def verdict(passed: bool | None) -> str:
     return "" if passed is None else "[green]PASS[/]" if passed else "[red]MISS[/]"
 
 
+def storages(section: str) -> list[str]:
+    """The storages this host can run: ``memory`` always, ``volume`` where btrfs works."""
+    try:
+        volumes()
+    except SandboxUnavailableError as exc:
+        print(f"  {section}, storage=volume: skipped ({exc})")
+        return ["memory"]
+    return ["memory", "volume"]
+
+
 # ---- sections ----
 
 async def cold_start(scale: Scale, args: argparse.Namespace) -> list[Figure]:
     figures: list[Figure] = []
-    for storage in ("memory", "volume"):
-        if storage == "volume":
-            try:
-                volumes()
-            except SandboxUnavailableError as exc:
-                print(f"  cold start, storage=volume: skipped ({exc})")
-                continue
+    for storage in storages("cold start"):
         spec = SandboxSpec(storage=storage)
 
         async def sandbox(spec: SandboxSpec = spec) -> None:
@@ -276,13 +280,7 @@ async def fork(scale: Scale, args: argparse.Namespace) -> list[Figure]:
     files, ``volume`` snapshots a btrfs subvolume (its first fork also writes back fresh data)."""
     mb = args.fork_mb or scale.fork_mb
     figures: list[Figure] = []
-    for storage in ("memory", "volume"):
-        if storage == "volume":
-            try:
-                volumes()
-            except SandboxUnavailableError as exc:
-                print(f"  fork, storage=volume: skipped ({exc})")
-                continue
+    for storage in storages("fork"):
         figures += await _fork(storage, mb, scale.fork_runs)
     return report(figures)
 
