@@ -27,7 +27,7 @@ from tempering.errors import (
 )
 from tempering.sandbox.base import Sandbox, ShellSession
 from tempering.sandbox.pool import PoolStats, SandboxPool
-from tempering.sandbox.spec import BACKENDS, ExecResult, SandboxSpec
+from tempering.sandbox.spec import BACKENDS, ExecResult, SandboxSpec, SandboxUsage
 
 
 def backend_class(name: str) -> Any:
@@ -64,8 +64,8 @@ class open_sandbox:  # noqa: N801 - used like a function: `async with open_sandb
 
 
 __all__ = [
-    "SandboxSpec", "ExecResult", "Sandbox", "ShellSession", "SandboxPool", "PoolStats",
-    "open_sandbox", "create_sandbox", "backend_class", "SandboxError", "SandboxStartError",
-    "SandboxClosedError", "SandboxPathError", "SandboxFileNotFoundError", "SandboxNotFoundError",
-    "SandboxUnavailableError", "ResourceExhaustedError",
+    "SandboxSpec", "ExecResult", "SandboxUsage", "Sandbox", "ShellSession", "SandboxPool",
+    "PoolStats", "open_sandbox", "create_sandbox", "backend_class", "SandboxError",
+    "SandboxStartError", "SandboxClosedError", "SandboxPathError", "SandboxFileNotFoundError",
+    "SandboxNotFoundError", "SandboxUnavailableError", "ResourceExhaustedError",
 ]

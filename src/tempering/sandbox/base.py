@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxClosedError, SandboxError
-from tempering.sandbox.spec import ExecResult, SandboxSpec
+from tempering.sandbox.spec import ExecResult, SandboxSpec, SandboxUsage
 
 Sink = Callable[[bytes], None]
 
@@ -110,6 +110,10 @@ class Sandbox(abc.ABC):
     async def _oom_kills(self) -> int | None:
         """How many processes the OOM killer has killed in this sandbox so far (None: unknown)."""
         return None
+
+    async def usage(self) -> SandboxUsage:
+        """Peak memory and processes so far, and OOM kills: what an episode cost."""
+        return SandboxUsage(None, None, await self._oom_kills())
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:

@@ -177,15 +177,22 @@ class SandboxCgroup:
     def memory_peak(self) -> int | None:
         path, name = ((self.paths["memory"], "memory.max_usage_in_bytes")
                       if self.hierarchy.version == 1 else (self.paths[""], "memory.peak"))
-        try:
-            return int((path / name).read_text())
-        except (OSError, ValueError):
-            return None
+        return _read_int(path / name)
+
+    def pids_peak(self) -> int | None:
+        return _read_int(self.paths["pids" if self.hierarchy.version == 1 else ""] / "pids.peak")
 
     def remove(self, *, timeout: float = 5.0) -> None:
         """Kill whatever is left inside and remove the cgroup(s)."""
         for path in self.paths.values():
             remove_cgroup(path, timeout=timeout)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def remove_cgroup(path: Path, *, timeout: float = 5.0) -> None:

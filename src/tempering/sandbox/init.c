@@ -330,7 +330,8 @@ static _Noreturn void shepherd(int fds[3], char *cwd, char **argv, char **envp) 
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     pid_t child = fork();
     if (child < 0) {
-        dprintf(fds[2], "tempering: cannot start process: %s\n", strerror(errno));
+        dprintf(fds[2], "tempering: cannot start process: %s (is the sandbox's pids limit "
+                        "reached?)\n", strerror(errno));
         _exit(126);
     }
     if (child == 0) run_command(fds, cwd, argv, envp);

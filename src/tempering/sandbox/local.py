@@ -41,7 +41,7 @@ from tempering.sandbox.files import Storage, as_user
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import host, reclaim, spawner, volumes
 from tempering.sandbox.rootfs import system_args
-from tempering.sandbox.spec import SandboxSpec
+from tempering.sandbox.spec import SandboxSpec, SandboxUsage
 
 __all__ = ["LocalSandbox", "host", "spawner", "volumes"]
 
@@ -241,6 +241,11 @@ class LocalSandbox(Sandbox):
 
     async def _oom_kills(self) -> int | None:
         return None if self.closed else self._cgroup.oom_kills()
+
+    async def usage(self) -> SandboxUsage:
+        ensure_open(self)
+        return SandboxUsage(self._cgroup.memory_peak(), self._cgroup.pids_peak(),
+                            self._cgroup.oom_kills())
 
     def _files(self) -> Storage:
         ensure_open(self)

@@ -121,6 +121,15 @@ class SandboxSpec(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class SandboxUsage:
+    """The most a sandbox has used of its limits so far (None where the backend cannot tell)."""
+
+    memory_peak_bytes: int | None
+    pids_peak: int | None
+    oom_kills: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExecResult:
     """What one command did."""
 
