@@ -32,6 +32,7 @@ def volumes():  # type: ignore[no-untyped-def]
         pytest.skip(f"btrfs volumes unavailable: {exc}")
     yield pool
     pool.unmount(remove_image=True)
+    shutil.rmtree(base)
 
 
 def _fill(path: Path, mib: int) -> None:
@@ -98,3 +99,37 @@ def test_bad_names_are_refused(volumes) -> None:
     for bad in ("", "..", "a/b", "x" * 300):
         with pytest.raises(ValueError):
             volumes.create(bad, 1 << 20)
+
+
+def test_writeback_flushes_after_a_poke(volumes) -> None:
+    vol = volumes.create("written", 64 << 20)
+    _fill(vol, 4)
+    writeback = volumes.writeback()
+    before = writeback.flushes
+    writeback.poke()
+    writeback.poke()  # a burst of pokes is one flush
+    deadline = time.monotonic() + 5
+    while writeback.flushes == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writeback.flushes == before + 1
+    volumes.destroy("written")
+
+
+async def test_commands_in_volume_sandboxes_start_writeback() -> None:
+    import asyncio
+
+    from tempering.sandbox import SandboxSpec, open_sandbox
+    from tempering.sandbox.local import volumes as host_volumes
+
+    try:
+        writeback = host_volumes().writeback()
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"volume storage unavailable: {exc}")
+    async with open_sandbox(SandboxSpec(storage="volume")) as sb:
+        before = writeback.flushes
+        await sb.exec("head -c 1M /dev/urandom > data")
+        for _ in range(100):
+            if writeback.flushes > before:
+                break
+            await asyncio.sleep(0.05)
+        assert writeback.flushes > before

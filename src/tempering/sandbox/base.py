@@ -111,6 +111,9 @@ class Sandbox(abc.ABC):
         """How many processes the OOM killer has killed in this sandbox so far (None: unknown)."""
         return None
 
+    def _command_finished(self) -> None:  # noqa: B027 - a hook, empty unless a backend needs it
+        """Called after each command (exec or session run); backends may react (writeback)."""
+
     async def usage(self) -> SandboxUsage:
         """Peak memory and processes so far, and OOM kills: what an episode cost."""
         return SandboxUsage(None, None, await self._oom_kills())
@@ -197,6 +200,7 @@ class Sandbox(abc.ABC):
                     await asyncio.shield(proc.kill())
             raise
         duration = time.perf_counter() - start
+        self._command_finished()
         if why:
             err.feed(f"tempering: {why}\n".encode())
         oom = ooms is not None and ((await self._oom_kills()) or 0) > ooms
@@ -308,6 +312,7 @@ class ShellSession:
                 if not both.done():
                     both.cancel()
             self._streams = [None, None]
+            self._sandbox._command_finished()
             oom = ooms is not None and ((await self._sandbox._oom_kills()) or 0) > ooms
             return ExecResult(
                 exit_code=None if timed_out else out.status, stdout=out.capture.text(),

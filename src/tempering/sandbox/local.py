@@ -259,6 +259,10 @@ class LocalSandbox(Sandbox):
     async def _oom_kills(self) -> int | None:
         return None if self.closed else self._cgroup.oom_kills()
 
+    def _command_finished(self) -> None:
+        if self._volume is not None:  # what it wrote goes to disk while the sandbox idles
+            volumes().writeback().poke()
+
     async def usage(self) -> SandboxUsage:
         ensure_open(self)
         return SandboxUsage(self._cgroup.memory_peak(), self._cgroup.pids_peak(),
@@ -275,6 +279,7 @@ class LocalSandbox(Sandbox):
             await asyncio.to_thread(self._files().write, path, raw, mode)
         else:
             self._files().write(path, raw, mode)
+        self._command_finished()
 
     async def read_file(self, path: str) -> bytes:
         return self._files().read(path)
@@ -284,6 +289,7 @@ class LocalSandbox(Sandbox):
 
     async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
         await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
+        self._command_finished()
 
     async def download(self, src: str, local_path: str | os.PathLike[str]) -> None:
         await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
