@@ -74,6 +74,8 @@ def _close_all_at_exit() -> None:
 class LocalSandbox(Sandbox):
     """A sandbox made of Linux namespaces on this host."""
 
+    _reclaimed = False  # whether this process has cleaned up after crashed ones yet
+
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
         self.id = f"sbx-{secrets.token_hex(6)}"
@@ -97,11 +99,9 @@ class LocalSandbox(Sandbox):
 
     @classmethod
     def reclaim(cls) -> int:
-        """Remove what crashed earlier processes left (cgroups, processes); returns how many
-        sandboxes were cleaned up."""
+        """Remove what crashed earlier processes left (cgroups, volumes, processes); returns
+        how many sandboxes were cleaned up."""
         return reclaim()
-
-    _reclaimed = False
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> LocalSandbox:
