@@ -173,3 +173,18 @@ def test_reclaim_removes_what_a_crashed_process_left(storage: str) -> None:
     volumes_dir = "/var/lib/tempering/volumes"
     if storage == "volume":
         assert not [v for v in os.listdir(volumes_dir) if v.startswith(f"{pid}-")]
+
+
+def test_sandbox_run_on_a_volume_and_bad_storage() -> None:
+    from tempering.errors import SandboxUnavailableError
+    from tempering.sandbox.local import volumes
+
+    try:
+        volumes()
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"volume storage unavailable: {exc}")
+    proc = tempering("sandbox", "run", "--storage", "volume", "--", "sh", "-c",
+                     "echo hi > f && cat f")
+    assert (proc.returncode, proc.stdout) == (0, "hi\n"), proc.stderr
+    proc = tempering("sandbox", "run", "--storage", "disk", "--", "true")
+    assert proc.returncode == 2 and "--storage disk" in proc.stderr

@@ -35,6 +35,7 @@ SPEC_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "pids": ("--pids", int, "N"),
     "disk_mb": ("--disk-mb", int, "MB"),
     "timeout_s": ("--timeout", float, "S"),
+    "storage": ("--storage", str, "{memory,volume}"),
 }
 
 
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--concurrency", type=_positive_int, default=32, metavar="C",
                       help="episodes in flight at once, and the pool's max_instances "
                            "(default: 32)")
-    _add_spec_options(demo, ["memory_mb", "cpus"])
+    _add_spec_options(demo, ["memory_mb", "cpus", "storage"])
     demo.set_defaults(func=_cmd_demo)
 
     sandbox = commands.add_parser("sandbox", help="work with single sandboxes",
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one command in a fresh sandbox and remove the sandbox afterwards. The "
                     "command runs directly, not through a shell: use `sh -c '...'` for pipes.",
         epilog=_RUN_EPILOG)
-    _add_spec_options(run, ["memory_mb", "cpus", "pids", "disk_mb"])
+    _add_spec_options(run, ["memory_mb", "cpus", "pids", "disk_mb", "storage"])
     run.add_argument("--network", action="store_true", default=None,
                      help=_spec_docs().get("network", "give the sandbox the host's network"))
     _add_spec_options(run, ["timeout_s"], overrides={
