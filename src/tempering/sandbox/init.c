@@ -57,6 +57,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "wire.h"
+
 enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3 };
 enum { MSG_READY = 100, MSG_EXIT = 101, MSG_MARKED = 102, MSG_FAIL = 103 };
 static int CTL_FD = 3;
@@ -399,23 +401,10 @@ static void job_main_pid(struct job *j) {
 }
 
 static void handle_message(void) {
-    char cmsgbuf[CMSG_SPACE(3 * sizeof(int))];
-    struct iovec iov = { msgbuf, MAX_MSG };
-    struct msghdr msg = { 0 };
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsgbuf;
-    msg.msg_controllen = sizeof cmsgbuf;
-    ssize_t n = recvmsg(CTL_FD, &msg, MSG_CMSG_CLOEXEC);
+    int fds[3] = { -1, -1, -1 }, nfds = 0;
+    ssize_t n = recv_with_fds(CTL_FD, msgbuf, MAX_MSG, fds, 3, &nfds);
     if (n == 0) _exit(0); /* the host closed the sandbox: PID 1 exits, the kernel kills the rest */
     if (n < 0) { if (errno == EINTR || errno == EAGAIN) return; _exit(1); }
-    int fds[3] = { -1, -1, -1 }, nfds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)(nfds > 3 ? 3 : nfds));
-        }
-    }
     if ((size_t)n < sizeof(struct header)) goto out;
     struct header h;
     memcpy(&h, msgbuf, sizeof h);
@@ -432,7 +421,7 @@ static void handle_message(void) {
         if (h.type == MSG_MARK) send_msg(MSG_MARKED, h.id, 0, NULL);
     }
 out:
-    for (int i = 0; i < 3 && i < nfds; i++) close(fds[i]);
+    for (int i = 0; i < nfds; i++) close(fds[i]);
 }
 
 static void reap(void) {

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from tempering.errors import SandboxUnavailableError
 
+HEADERS = ("wire.h",)  # included by the C programs: part of what a build depends on
+
 
 def home() -> Path:
     return Path(os.environ.get("TEMPERING_HOME", "/var/lib/tempering"))
@@ -38,8 +40,10 @@ def _publish(path: Path, data: bytes, mode: int) -> None:
 @cache
 def native_binary(name: str) -> Path:
     """Path of the compiled ``<name>.c`` shipped with this package, building it if needed."""
-    source = resources.files("tempering.sandbox").joinpath(f"{name}.c").read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
+    package = resources.files("tempering.sandbox")
+    source = package.joinpath(f"{name}.c").read_bytes()
+    headers = {h: package.joinpath(h).read_bytes() for h in HEADERS}
+    digest = hashlib.sha256(source + b"".join(headers.values())).hexdigest()[:16]
     dest = home() / "bin" / f"tempering-{name}-{digest}"
     if dest.exists():
         return dest
@@ -53,6 +57,8 @@ def native_binary(name: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / name
         src.write_bytes(source)
+        for header, text in headers.items():
+            (Path(tmp) / header).write_bytes(text)
         errors = ""
         for extra in (["-static"], []):  # static when libc.a is there, else dynamic
             proc = subprocess.run([compiler, "-O2", "-Wall", *extra, "-o", str(out), str(src)],

@@ -29,6 +29,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "wire.h"
+
 enum { MSG_SPAWN = 1, MSG_SPAWNED = 101, MSG_FAILED = 102, MSG_EXITED = 103 };
 enum { MAX_MSG = 1 << 20, MAX_FDS = 16 };
 
@@ -68,24 +70,10 @@ static void spawn(const struct header *h, char *payload, size_t len, int *fds, i
 }
 
 static void handle(void) {
-    char cbuf[CMSG_SPACE(MAX_FDS * sizeof(int))];
-    struct iovec iov = { buf, MAX_MSG };
-    struct msghdr msg = { 0 };
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof cbuf;
-    ssize_t n = recvmsg(ctl, &msg, MSG_CMSG_CLOEXEC);
+    int fds[MAX_FDS], nfds = 0;
+    ssize_t n = recv_with_fds(ctl, buf, MAX_MSG, fds, MAX_FDS, &nfds);
     if (n == 0) _exit(0); /* the harness is gone */
     if (n < 0) { if (errno == EINTR || errno == EAGAIN) return; _exit(1); }
-    int fds[MAX_FDS], nfds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            if (nfds > MAX_FDS) nfds = MAX_FDS;
-            memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)nfds);
-        }
-    }
     struct header h;
     if ((size_t)n >= sizeof h) {
         memcpy(&h, buf, sizeof h);
