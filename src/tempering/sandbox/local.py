@@ -358,8 +358,3 @@ def _report_failure(fut: asyncio.Future[None]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.warning("removing a sandbox's cgroups failed (reclaim() will retry): %s",
                     fut.exception())
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

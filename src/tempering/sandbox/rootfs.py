@@ -35,11 +35,10 @@ def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
 
 @cache  # a root filesystem's layout does not change while sandboxes use it
 def _system_args(rootfs: str | None, network: bool, uid: int, gid: int) -> tuple[str, ...]:
-    spec = SandboxSpec(rootfs=rootfs, network=network)
-    if spec.rootfs is None:
+    if rootfs is None:
         root, tops = "/", ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"]
     else:
-        root = spec.rootfs
+        root = rootfs
         tops = sorted(e for e in os.listdir(root) if e not in _SKIP_TOP and e != "etc")
     args: list[str] = []
     for top in tops:
@@ -48,13 +47,13 @@ def _system_args(rootfs: str | None, network: bool, uid: int, gid: int) -> tuple
             args += ["--symlink", os.readlink(host), f"/{top}"]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, f"/{top}"]
-    if spec.rootfs is None:
+    if rootfs is None:
         args += ["--ro-bind", str(etc_view(_ETC, uid, gid)), "/etc"]
         if os.path.isdir("/usr/local"):
             args += ["--ro-bind", str(empty_dir()), "/usr/local"]
     else:
         args += _own_etc_args(root, uid, gid)
-    if spec.network and os.path.exists("/etc/resolv.conf") and spec.rootfs is None:
+    if network and rootfs is None and os.path.exists("/etc/resolv.conf"):
         args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
     args += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--dir", "/run"]
     return tuple(args)
