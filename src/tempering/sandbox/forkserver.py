@@ -18,7 +18,7 @@ import signal
 import socket
 import struct
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tempering.errors import SandboxClosedError, SandboxStartError
 from tempering.sandbox.base import PIPE, Process, Sink
@@ -39,6 +39,21 @@ def _send(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
             sock.sendmsg([data], anc)
         finally:
             sock.setblocking(False)
+
+
+def _received(sock: socket.socket, size: int) -> Iterator[bytes]:
+    """The messages waiting on a non-blocking socket; an empty one means the peer is gone.
+    Stops quietly if a handler closed the socket meanwhile."""
+    while sock.fileno() != -1:
+        try:
+            msg = sock.recv(size)
+        except BlockingIOError:
+            return
+        except OSError:
+            msg = b""
+        yield msg
+        if not msg:
+            return
 
 
 def _signed(value: int) -> int:
@@ -98,13 +113,9 @@ class Spawner:
         return pid, self._exits[pid]
 
     def _on_readable(self) -> None:
-        while self._sock is not None:
-            try:
-                msg = self._sock.recv(64)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg = b""
+        if self._sock is None:
+            return
+        for msg in _received(self._sock, 64):
             if not msg:
                 self._die()
                 return
@@ -187,13 +198,9 @@ class InitChannel:
             self._sock = None
 
     def _on_readable(self) -> None:
-        while self._sock is not None:
-            try:
-                msg = self._sock.recv(4096)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg = b""
+        if self._sock is None:
+            return
+        for msg in _received(self._sock, 4096):
             if not msg:
                 why = "the sandbox's init exited (sandbox died)"
                 self.close(why)
