@@ -54,7 +54,7 @@ from rich.table import Table
 from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
 from tempering.sandbox.base import DEFAULT_PATH
-from tempering.sandbox.local import volumes
+from tempering.sandbox.host import storage_for, volumes
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 PIPE = asyncio.subprocess.PIPE
@@ -466,7 +466,13 @@ def snapshot() -> dict[str, int]:
             "processes of our sandboxes": sum(ours(*p) for p in processes),
             "mounts (/proc/self/mountinfo)": mounts,
             "open fds of this process": len(os.listdir("/proc/self/fd")),
-            "sandbox cgroup dirs": cgroups, "threads of this process": own_status("Threads")}
+            "sandbox cgroup dirs": cgroups, "sandbox volumes": volume_count(),
+            "threads of this process": own_status("Threads")}
+
+
+def volume_count() -> int:
+    """Volumes in the host's pool (0 where there is none)."""
+    return len(os.listdir(volumes().root)) if storage_for("auto") == "volume" else 0
 
 
 async def leaks(scale: Scale, args: argparse.Namespace) -> list[Figure]:

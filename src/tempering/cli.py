@@ -35,7 +35,7 @@ SPEC_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "pids": ("--pids", int, "N"),
     "disk_mb": ("--disk-mb", int, "MB"),
     "timeout_s": ("--timeout", float, "S"),
-    "storage": ("--storage", str, "{memory,volume}"),
+    "storage": ("--storage", str, "{auto,memory,volume}"),
 }
 
 
@@ -188,9 +188,9 @@ async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
     import time
 
     from tempering.sandbox import SandboxSpec, open_sandbox
-    from tempering.sandbox.local import host
+    from tempering.sandbox.host import host, volumes, why_no_volumes
 
-    names = ["local backend prerequisites", "start a sandbox", "python3 in the sandbox",
+    names = ["local backend prerequisites", "start a sandbox", "storage", "python3 in the sandbox",
              "pytest in the sandbox", "memory limit enforced"]
     rows: list[tuple[str, bool | None, str]] = []
 
@@ -213,13 +213,17 @@ async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
         return skip_rest()
     async with sandbox:
         rows.append((names[1], True, f"started in {(time.perf_counter() - start) * 1000:.0f} ms"))
+        why = why_no_volumes()
+        rows.append((names[2], True, "auto is volume: copy-on-write btrfs volumes at "
+                     f"{volumes().root}, fork is a snapshot" if why is None else
+                     f"auto is memory (fork copies the files): no volumes because {why}"))
         checks = [
             ("python3 --version", "install Python 3 on the host (`apt-get install -y python3`); "
                                   "sandboxes see the host's system read-only"),
             ("python3 -c 'import pytest; print(\"pytest\", pytest.__version__)'",
              "install pytest for the host's python3 (`apt-get install -y python3-pytest`)"),
         ]
-        for name, (cmd, fix) in zip(names[2:4], checks, strict=True):
+        for name, (cmd, fix) in zip(names[3:5], checks, strict=True):
             result = await sandbox.exec(cmd)
             if not result.ok:
                 why = result.stderr.strip()[-120:] or f"exit {result.exit_code}"
@@ -228,9 +232,9 @@ async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
             rows.append((name, True, result.stdout.strip()))
         result = await sandbox.exec(["python3", "-c", "b'x' * (512 << 20)"])
         if result.oom_killed:
-            rows.append((names[4], True, "512 MB in a 128 MB sandbox was killed"))
+            rows.append((names[5], True, "512 MB in a 128 MB sandbox was killed"))
         else:
-            rows.append((names[4], False, f"512 MB in a 128 MB sandbox was not killed "
+            rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
                          f"(exit {result.exit_code}); check that the cgroup memory controller "
                          "is enabled"))
     return rows

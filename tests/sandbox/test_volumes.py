@@ -133,3 +133,49 @@ async def test_commands_in_volume_sandboxes_start_writeback() -> None:
                 break
             await asyncio.sleep(0.05)
         assert writeback.flushes > before
+
+
+async def test_auto_storage_is_a_volume_where_the_host_can_make_them() -> None:
+    from tempering.sandbox import SandboxSpec, open_sandbox
+    from tempering.sandbox.host import why_no_volumes
+
+    async with open_sandbox(SandboxSpec()) as sb:
+        assert SandboxSpec().storage == "auto"
+        why = why_no_volumes()
+        assert sb.storage == ("volume" if why is None else "memory")  # type: ignore[attr-defined]
+        if why is not None:
+            pytest.skip(f"auto fell back to memory here: {why}")
+        child = await sb.fork()
+        async with child:
+            assert child.storage == "volume"  # type: ignore[attr-defined]
+
+
+def test_auto_storage_falls_back_to_memory_without_btrfs_tools(tmp_path: Path) -> None:
+    """A host without mkfs.btrfs (PATH holds only bubblewrap) still runs sandboxes, on memory,
+    and says why."""
+    import subprocess
+    import sys
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    (tmp_path / "bwrap").symlink_to(bwrap)
+    script = (
+        "import asyncio\n"
+        "from tempering.sandbox import SandboxSpec, open_sandbox\n"
+        "from tempering.sandbox.host import why_no_volumes\n"
+        "async def main():\n"
+        "    async with open_sandbox(SandboxSpec()) as sb:\n"
+        "        r = await sb.exec(['/bin/sh', '-c', 'echo data > f && cat f'])\n"
+        "        child = await sb.fork()\n"
+        "        async with child:\n"
+        "            copied = await child.read_file('f')\n"
+        "        print(sb.storage, r.stdout.strip(), copied.decode().strip())\n"
+        "        print(why_no_volumes())\n"
+        "asyncio.run(main())\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    first, why = proc.stdout.splitlines()
+    assert first == "memory data data"
+    assert "mkfs.btrfs is missing" in why

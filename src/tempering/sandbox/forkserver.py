@@ -81,7 +81,8 @@ class Spawner:
         ours.setblocking(False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[int]] = {}
+        # spawn id -> (its pid, its wait status); by pid once it started
+        self._pending: dict[int, tuple[asyncio.Future[int], asyncio.Future[int]]] = {}
         self._exits: dict[int, asyncio.Future[int]] = {}
 
     @property
@@ -105,12 +106,13 @@ class Spawner:
         if self._sock is None:
             raise SandboxStartError("the sandbox spawner is gone")
         ident = next(self._ids)
-        fut: asyncio.Future[int] = loop.create_future()
-        self._pending[ident] = fut
+        # The exit may arrive in the same read as the start: the caller gets its future anyway.
+        started: asyncio.Future[int] = loop.create_future()
+        exited: asyncio.Future[int] = loop.create_future()
+        self._pending[ident] = (started, exited)
         payload = b"".join(a.encode() + b"\0" for a in argv)
         _send(self._sock, _HEADER.pack(SPAWN, ident, len(argv), len(fds)) + payload, fds)
-        pid = await fut
-        return pid, self._exits[pid]
+        return await started, exited
 
     def _on_readable(self) -> None:
         if self._sock is None:
@@ -121,10 +123,10 @@ class Spawner:
                 return
             kind, ident, a, b = _HEADER.unpack_from(msg)
             if kind == SPAWNED and ident in self._pending:
-                self._exits[a] = self._loop.create_future()  # type: ignore[union-attr]
-                _settle(self._pending.pop(ident), result=a)
+                started, self._exits[a] = self._pending.pop(ident)
+                _settle(started, result=a)
             elif kind == SPAWN_FAILED and ident in self._pending:
-                _settle(self._pending.pop(ident), error=SandboxStartError(
+                _settle(self._pending.pop(ident)[0], error=SandboxStartError(
                     f"cannot start bubblewrap: {os.strerror(a)}"))
             elif kind == SPAWN_EXITED and a in self._exits:
                 _settle(self._exits.pop(a), result=_signed(b))
@@ -135,7 +137,8 @@ class Spawner:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        for fut in [*self._pending.values(), *self._exits.values()]:
+        for fut in [*(f for pair in self._pending.values() for f in pair),
+                    *self._exits.values()]:
             _settle(fut, error=SandboxClosedError("the sandbox spawner died"))
         self._pending.clear()
         self._exits.clear()

@@ -42,6 +42,7 @@ def host() -> Host:
     if bwrap is None:
         raise SandboxUnavailableError(
             "bubblewrap (bwrap) is not installed; install it with `apt-get install -y bubblewrap`")
+    bwrap = os.path.realpath(bwrap)  # the sandbox uid runs it: no links through private dirs
     if os.geteuid() != 0:
         raise SandboxUnavailableError(
             "the local backend needs root on the host to set cgroup limits "
@@ -91,6 +92,29 @@ def volumes() -> BtrfsPool:
         os.chmod(pool.root, 0o755)  # the sandbox uid must reach its own volume to bind it
         _volumes = pool
     return _volumes
+
+
+_no_volumes: str | None = None  # why this host cannot make volumes, once a try failed
+
+
+def storage_for(requested: str) -> str:
+    """The storage a sandbox gets: ``auto`` is ``volume`` where the host can make volumes (the
+    first call mounts the pool, so async callers run it in a thread), else ``memory``."""
+    global _no_volumes
+    if requested != "auto":
+        return requested
+    if _no_volumes is None and _volumes is None:
+        try:
+            volumes()
+        except SandboxUnavailableError as exc:
+            _no_volumes = str(exc)
+    return "memory" if _no_volumes is not None else "volume"
+
+
+def why_no_volumes() -> str | None:
+    """Why ``auto`` storage fell back to ``memory`` on this host; None if it did not."""
+    storage_for("auto")
+    return _no_volumes
 
 
 def _reclaim_volumes() -> set[str]:

@@ -12,8 +12,9 @@ kills everything else in the sandbox with it; bubblewrap then exits and the cgro
 
 The workdir and /tmp are a tmpfs the init mounts (``storage="memory"``) or a copy-on-write btrfs
 volume bound in by bubblewrap (``storage="volume"``, ``volumes.py``), which makes ``fork`` a
-snapshot. Files are read and written from the host (through ``/proc/<init>/root`` or the
-volume) with kernel-confined path resolution (``files.py``), without starting a process inside.
+snapshot; ``auto``, the default, is ``volume`` on hosts that can make volumes. Files are read
+and written from the host (through ``/proc/<init>/root`` or the volume) with kernel-confined
+path resolution (``files.py``), without starting a process inside.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from tempering.sandbox import cgroup
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.files import Storage, as_user
 from tempering.sandbox.forkserver import InitChannel
-from tempering.sandbox.host import host, reclaim, spawner, volumes
+from tempering.sandbox.host import host, reclaim, spawner, storage_for, volumes
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
 
@@ -90,6 +91,8 @@ class LocalSandbox(Sandbox):
         self._dead: str | None = None
         self._storage: Storage | None = None
         self._volume: str | None = None  # set once this sandbox owns a volume
+        self.storage = storage_for(spec.storage)
+        """The storage it runs on: ``memory`` or ``volume`` (``auto`` resolved)."""
 
     @property
     def volume_name(self) -> str:
@@ -108,6 +111,7 @@ class LocalSandbox(Sandbox):
         if not LocalSandbox._reclaimed:  # once per process, before the first sandbox
             LocalSandbox._reclaimed = True
             await asyncio.to_thread(cls.reclaim)
+            await asyncio.to_thread(storage_for, "auto")  # may mount the volume pool
             atexit.register(_close_all_at_exit)
         sb = cls(spec)
         try:
@@ -138,7 +142,7 @@ class LocalSandbox(Sandbox):
         self._cgroup.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
         storage: list[str] = []
         disk = str(spec.disk_mb << 20)
-        if spec.storage == "volume":
+        if self.storage == "volume":
             # Creating a volume is one quick ioctl; a snapshot may write data back first.
             name = (self._new_volume(None) if snapshot_of is None
                     else await asyncio.to_thread(self._new_volume, snapshot_of))

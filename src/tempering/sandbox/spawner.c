@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -62,6 +63,7 @@ static void spawn(const struct header *h, char *payload, size_t len, int *fds, i
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         execv(argv[0], argv);
+        if (nfds > 2) dprintf(2, "the sandbox uid cannot execute %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
     if (pid < 0) reply(MSG_FAILED, h->id, errno, 0);

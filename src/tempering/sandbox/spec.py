@@ -45,10 +45,11 @@ class SandboxSpec(BaseModel):
     """Most processes and threads alive at once; a fork bomb stops here."""
     disk_mb: Annotated[int, Field(ge=1)] = 256
     """Size of the writable storage shared by the workdir and /tmp."""
-    storage: Literal["memory", "volume"] = "memory"
-    """Where the workdir and /tmp live: ``memory`` (a tmpfs, counted in memory_mb too; fork
-    copies the files) or ``volume`` (a copy-on-write btrfs volume of disk_mb on the host's disk;
-    fork is a snapshot, whose cost does not grow with the files at rest)."""
+    storage: Literal["auto", "memory", "volume"] = "auto"
+    """Where the workdir and /tmp live: ``volume`` (a copy-on-write btrfs volume of disk_mb on
+    the host's disk; fork is a snapshot, whose cost does not grow with the files at rest),
+    ``memory`` (a tmpfs, counted in memory_mb too; fork copies the files) or ``auto`` (volume
+    where the host can make volumes, else memory; ``tempering doctor`` says which)."""
     network: bool = False
     """Give the sandbox the host's network; without it there is only loopback."""
     workdir: str = "/workspace"
