@@ -165,9 +165,10 @@ async def test_upload_download_roundtrip(sb, tmp_path) -> None:
     assert await sb.list("proj") == ["pkg", "top.txt"]
     r = await sb.exec("cd proj && python3 -c 'import pkg.mod as m; print(m.X)'")
     assert r.stdout == "1\n"
-    await sb.exec("echo made > proj/pkg/new.txt")
+    await sb.exec("echo made > proj/pkg/new.txt && ln -s /etc/passwd proj/link && mkfifo proj/p")
     out = tmp_path / "out"
-    await sb.download("proj", out)
+    assert await sb.download("proj", out) == ["proj/link", "proj/p"]  # left behind, not followed
+    assert not (out / "link").exists() and not (out / "p").exists()
     assert (out / "pkg" / "new.txt").read_text() == "made\n"
     assert (out / "top.txt").read_bytes() == b"top"
 

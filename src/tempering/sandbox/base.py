@@ -131,8 +131,9 @@ class Sandbox(abc.ABC):
         """Copy a host file or directory tree into the sandbox at ``dest``."""
 
     @abc.abstractmethod
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a sandbox file or directory tree to the host (regular files and directories)."""
+    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
+        """Copy a sandbox file or directory tree to the host (regular files and directories);
+        returns the paths left behind (symbolic links, devices, FIFOs), never followed."""
 
     @abc.abstractmethod
     async def list(self, path: str = ".") -> list[str]:
@@ -174,41 +175,24 @@ class Sandbox(abc.ABC):
         On timeout every process the command started is killed and the output so far is
         returned with ``timed_out=True``. If the caller is cancelled, the command is killed too.
         """
-        argv = _argv(cmd)
         limit = self.spec.timeout_s if timeout is None else timeout
         if limit <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        command = await self.start(cmd, env=env, cwd=cwd, stdin=data or b"")
+        return await command.result(limit)
+
+    async def start(self, cmd: str | Sequence[str], *, env: Mapping[str, str] | None = None,
+                    cwd: str | None = None, stdin: bytes | None = None) -> Command:
+        """Start a command and return at once; ``stdin=None`` keeps its stdin open for
+        ``Command.write``. Collect it with ``Command.result(timeout)``."""
         out = OutputCapture(self.spec.output_limit_bytes)
         err = OutputCapture(self.spec.output_limit_bytes)
         ooms = await self._oom_kills()
-        start = time.perf_counter()
-        proc = await self._spawn(argv, env=self._command_env(env), cwd=self._command_cwd(cwd),
-                                 stdout=out.feed, stderr=err.feed, stdin=data)
-        timed_out = False
-        waiter = asyncio.ensure_future(proc.wait())
-        try:
-            done, _ = await asyncio.wait({waiter}, timeout=limit)
-            if not done:
-                timed_out = True
-                await proc.kill()
-            code, why = await waiter
-        except BaseException:
-            if not waiter.done():
-                waiter.cancel()
-                if not self.closed:
-                    await asyncio.shield(proc.kill())
-            raise
-        duration = time.perf_counter() - start
-        self._command_finished()
-        if why:
-            err.feed(f"tempering: {why}\n".encode())
-        oom = ooms is not None and ((await self._oom_kills()) or 0) > ooms
-        return ExecResult(
-            exit_code=None if timed_out else code, stdout=out.text(), stderr=err.text(),
-            timed_out=timed_out, oom_killed=oom, truncated=out.truncated or err.truncated,
-            duration_s=duration,
-        )
+        proc = await self._spawn(_argv(cmd), env=self._command_env(env),
+                                 cwd=self._command_cwd(cwd), stdout=out.feed, stderr=err.feed,
+                                 stdin=PIPE if stdin is None else stdin)
+        return Command(self, proc, out, err, ooms)
 
     async def session(self) -> ShellSession:
         """A persistent shell: the working directory and environment survive between commands."""
@@ -222,6 +206,57 @@ class Sandbox(abc.ABC):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
+
+
+class Command:
+    """A command started in a sandbox (``Sandbox.start``): feed its stdin, then collect it."""
+
+    def __init__(self, sandbox: Sandbox, proc: Process, out: OutputCapture, err: OutputCapture,
+                 ooms: int | None) -> None:
+        self._sandbox, self._proc, self._out, self._err, self._ooms = sandbox, proc, out, err, ooms
+        self._start = time.perf_counter()
+
+    async def write(self, data: bytes) -> None:
+        """Write to its stdin (started with ``stdin=None``)."""
+        await self._proc.write(data)
+
+    def close_stdin(self) -> None:
+        self._proc.close_stdin()
+
+    async def kill(self) -> None:
+        """SIGKILL everything the command started."""
+        await self._proc.kill()
+
+    async def result(self, timeout: float) -> ExecResult:
+        """Wait up to ``timeout`` seconds for it to exit (from now); past that, every process
+        it started is killed and the output so far is returned with ``timed_out=True``. If the
+        caller is cancelled, the command is killed too."""
+        timed_out = False
+        waiter = asyncio.ensure_future(self._proc.wait())
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=timeout)
+            if not done:
+                timed_out = True
+                await self._proc.kill()
+            code, why = await waiter
+        except BaseException:
+            if not waiter.done():
+                waiter.cancel()
+                if not self._sandbox.closed:
+                    await asyncio.shield(self._proc.kill())
+            raise
+        duration = time.perf_counter() - self._start
+        self._sandbox._command_finished()
+        out, err = self._out, self._err
+        if why:
+            err.feed(f"tempering: {why}\n".encode())
+        ooms = self._ooms
+        oom = ooms is not None and ((await self._sandbox._oom_kills()) or 0) > ooms
+        return ExecResult(
+            exit_code=None if timed_out else code, stdout=out.text(), stderr=err.text(),
+            timed_out=timed_out, oom_killed=oom, truncated=out.truncated or err.truncated,
+            duration_s=duration,
+        )
 
 
 def _argv(cmd: str | Sequence[str]) -> list[str]:

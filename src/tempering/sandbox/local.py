@@ -288,15 +288,15 @@ class LocalSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         return self._files().read(path)
 
-    async def list(self, path: str = ".") -> list[str]:
-        return self._files().listdir(path)
-
     async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
         await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
         self._command_finished()
 
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> None:
-        await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
+    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
+        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
+
+    async def list(self, path: str = ".") -> list[str]:
+        return self._files().listdir(path)
 
     async def fork(self) -> LocalSandbox:
         """A new sandbox whose workdir and /tmp are a copy of this one's (processes are not).

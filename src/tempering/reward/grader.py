@@ -1,0 +1,265 @@
+"""``grade(task, sb)``: the reward of an episode, from evidence the agent could not shape.
+
+1. Read the agent's workspace by content through the sandbox's file API (never its git, its
+   shell or its tools; links are never followed).
+2. Screen the edits (``tamper.py``): what may change how the tests run is dropped and flagged.
+3. Static dimensions on the host (``static.py``): tamper patterns, the task's rules, lint.
+4. In a fresh grading sandbox: the pristine workspace, the applied edits, then the hidden tests
+   last; the launcher runs them and reports through an authenticated channel (``runner.py``).
+   The number of tests that ran must equal the number expected; skipped, xfailed, errored,
+   missing and timed-out tests fail; the exit code is never evidence.
+5. The task's own verifiers in the same sandbox (``verifiers.py``).
+6. The weighted mean of the components is the reward; any tamper flag makes it 0.
+
+A ``Grader`` can keep launchers started ahead of time (``warm``): grading sandboxes that have
+already imported pytest, waiting for files. They are never reused: each grades once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from tempering.errors import SandboxError, VerifierError
+from tempering.reward.result import TAMPER, RewardResult, TestResult
+from tempering.reward.runner import Launcher, TestRun, pytest_args
+from tempering.reward.static import analyse, lint
+from tempering.reward.tamper import screen
+from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
+from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
+from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
+from tempering.tasks.task import Task
+
+GRADING_OUTPUT_LIMIT = 8 << 20
+
+
+def grading_spec(task: Task) -> SandboxSpec:
+    """The agent's spec without network, with room for the report."""
+    spec = task.sandbox
+    return spec.model_copy(update={
+        "network": False, "output_limit_bytes": max(spec.output_limit_bytes,
+                                                    GRADING_OUTPUT_LIMIT)})
+
+
+class Grader:
+    """Grades episodes; ``warm`` launchers per grading spec are kept started ahead of time."""
+
+    def __init__(self, *, warm: int = 0, limits: Limits | None = None) -> None:
+        self.warm, self.limits = warm, limits or Limits()
+        self._stock: dict[str, list[Launcher]] = {}  # by SandboxSpec.key()
+        self._starting: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._expected: dict[str, int] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stock in self._stock.values():
+            for launcher in stock:
+                await launcher.sb.close()
+        self._stock.clear()
+
+    # ---- launchers ----
+
+    async def _fresh(self, spec: SandboxSpec) -> Launcher:
+        sb = await create_sandbox(spec)
+        try:
+            return await Launcher.start(sb)
+        except BaseException:
+            await sb.close()
+            raise
+
+    def prestart(self, spec: SandboxSpec) -> None:
+        """Top the stock of started launchers for ``spec`` up to ``warm``."""
+        key = spec.key()
+        stock = self._stock.setdefault(key, [])
+        while not self._closed and len(stock) + self._starting.get(key, 0) < self.warm:
+            self._starting[key] = self._starting.get(key, 0) + 1
+            task = asyncio.get_running_loop().create_task(self._stock_one(spec))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _stock_one(self, spec: SandboxSpec) -> None:
+        try:
+            launcher = await self._fresh(spec)
+        except (SandboxError, OSError):
+            return  # the next grading starts its own and reports the error
+        finally:
+            self._starting[spec.key()] -= 1
+        if self._closed:
+            await launcher.sb.close()
+        else:
+            self._stock[spec.key()].append(launcher)
+
+    async def _launcher(self, spec: SandboxSpec) -> Launcher:
+        stock = self._stock.get(spec.key(), [])
+        launcher = None
+        while stock and launcher is None:
+            candidate = stock.pop(0)
+            if candidate.sb.closed:
+                continue
+            launcher = candidate
+        if self.warm:
+            self.prestart(spec)
+        return launcher or await self._fresh(spec)
+
+    # ---- grading ----
+
+    async def grade(self, task: Task, sb: Sandbox) -> RewardResult:
+        """Grade the agent's final workspace in ``sb`` (which is left as it was)."""
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="tempering-grade-") as tmp:
+            final = await read_sandbox_tree(sb, Path(tmp, "workspace"), self.limits)
+        return await self.grade_files(task, final, start=start)
+
+    async def grade_files(self, task: Task, final: FileTree, *,
+                          start: float | None = None) -> RewardResult:
+        """Grade a workspace given as files (``tempering grade --workspace DIR``)."""
+        start = time.perf_counter() if start is None else start
+        screened = screen(task, final)
+        found = analyse(task, screened)
+        flags, details = set(screened.flags) | found.flags, screened.details + found.details
+        components = dict(found.components)
+        if task.config.reward.get("lint", 0) > 0:
+            try:
+                components["lint"], findings = await lint(task.config.lint, screened)
+                details += findings
+            except OSError as exc:
+                components["lint"] = 0.0
+                flags.add("lint_unavailable")
+                details.append(f"lint_unavailable: {exc}")
+        tree = task.workspace.overlay(screened.applied, screened.modes)
+        expected = await self.expected_tests(task)
+        run, scores = await self._run(task, tree, flags, details)
+        components.update(scores)
+        tests = _test_results(run, expected)
+        passed = sum(t.outcome == "passed" for t in tests)
+        _judge(run, tests, expected, flags, details)
+        all_or_fraction = (passed == expected) if task.config.grading.scoring == "all" else (
+            passed / expected)
+        components["tests"] = float(all_or_fraction)
+        weights = task.config.reward
+        total = sum(weights.values())
+        reward = sum(w * components.get(name, 0.0) for name, w in weights.items()) / total
+        if flags & TAMPER.keys():
+            reward = 0.0
+        return RewardResult(
+            reward=min(1.0, max(0.0, reward)), components=components, tests_passed=passed,
+            tests_total=expected, flags=sorted(flags), details=details, tests=tests,
+            changed_files=screened.changed, duration_s=time.perf_counter() - start, log=run.log)
+
+    async def _run(self, task: Task, tree: FileTree, flags: set[str],
+                   details: list[str]) -> tuple[TestRun, dict[str, float]]:
+        grading = task.config.grading
+        launcher = await self._launcher(grading_spec(task))
+        sb = launcher.sb
+        try:
+            await tree.write_into(sb)
+            await task.tests.write_into(sb, grading.tests_dir)  # last: they win any clash
+            await task.verifiers.write_into(sb, VERIFIERS_DIR)
+            run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
+                                     grading.timeout_s)
+            scores: dict[str, float] = {}
+            for verifier in task.config.verifiers:
+                got, problem = await run_verifier(sb, verifier)
+                scores.update(got)
+                if problem:
+                    flags.add("verifier_error")
+                    details.append(f"verifier_error: {verifier.name}: {problem}")
+            return run, scores
+        finally:
+            await sb.close()
+
+    async def expected_tests(self, task: Task) -> int:
+        """How many hidden tests must run: from task.toml, or collected once (with the
+        reference solution where there is one) and remembered by the task's digest."""
+        if task.config.grading.expected_tests is not None:
+            return task.config.grading.expected_tests
+        if task.digest not in self._expected:
+            tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {})
+            launcher = await self._fresh(grading_spec(task))
+            grading = task.config.grading
+            try:
+                await tree.write_into(launcher.sb)
+                await task.tests.write_into(launcher.sb, grading.tests_dir)
+                run = await launcher.run([*pytest_args(grading.command), "--collect-only"],
+                                         grading.tests_dir, grading.timeout_s)
+            finally:
+                await launcher.sb.close()
+            if not run.collected:
+                errors = "; ".join(run.collect_errors)[:500] or run.log[-500:]
+                raise VerifierError(f"task {task.id}: no hidden test could be collected "
+                                    f"({errors}); fix the tests or set grading.expected_tests")
+            self._expected[task.digest] = len(run.collected)
+        return self._expected[task.digest]
+
+
+def _test_results(run: TestRun, expected: int) -> list[TestResult]:
+    results = [TestResult(id=test_id, outcome=run.outcomes[test_id][0],  # type: ignore[arg-type]
+                          message=run.outcomes[test_id][1][-1000:])
+               if test_id in run.outcomes else TestResult(id=test_id, outcome="missing")
+               for test_id in run.collected]
+    results += [TestResult(id=f"<not collected #{i + 1}>", outcome="missing")
+                for i in range(max(0, expected - len(results)))]
+    return results
+
+
+def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str],
+           details: list[str]) -> None:
+    """The flags that the test run's evidence raises."""
+    if run.forged:
+        flags.add("forged_report")
+        details.append(f"forged_report: {run.forged} report line(s) failed authentication")
+    for flag, detail, where in run.audit:
+        flags.add(flag)
+        details.append(f"{flag}: {detail} (from {where})")
+    if run.collect_errors:
+        flags.add("collection_error")
+        details += [f"collection_error: {e}" for e in run.collect_errors]
+    elif run.started and run.collected and len(run.collected) != expected:
+        flags.add("test_count_mismatch")
+        details.append(f"test_count_mismatch: {len(run.collected)} collected, {expected} expected")
+    skipped = [t.id for t in tests if t.outcome in ("skipped", "xfailed")]
+    if skipped:
+        flags.add("tests_skipped")
+        details.append(f"tests_skipped: {', '.join(skipped[:10])}")
+    if run.timed_out:
+        flags.add("timeout")
+    elif run.oom:
+        flags.add("oom")
+    elif not run.finished:
+        if run.exit_code == 0:
+            flags.add("early_exit")
+            details.append("early_exit: the test process exited with status 0 mid-run")
+        else:
+            flags.add("test_process_died")
+            details.append(f"test_process_died: exit status {run.exit_code}")
+    if run.finished and run.canaries != {"pass": "passed", "fail": "failed"}:
+        flags.add("runner_tampered")
+        details.append(f"runner_tampered: canaries reported {run.canaries or 'nothing'}")
+
+
+_default: Grader | None = None
+
+
+async def grade(task: Task, sb: Sandbox, *, grader: Grader | None = None) -> RewardResult:
+    """Grade the agent's work in ``sb`` against ``task`` (see the module docstring)."""
+    global _default
+    if grader is None:
+        _default = _default or Grader()
+        grader = _default
+    return await grader.grade(task, sb)

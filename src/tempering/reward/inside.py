@@ -1,0 +1,240 @@
+"""The test launcher that runs inside the grading sandbox (stdlib and pytest only).
+
+It is copied into the sandbox and started as ``python3 -I -B inside.py`` before any workspace
+code exists on ``sys.path``: pytest is imported first, then the launcher blocks on one line of
+stdin (its configuration: a per-run key, the paths, pytest's arguments). A grader can start it
+ahead of time, so a grading pays for collection and the tests, not for importing pytest.
+
+Once configured it:
+- installs an audit hook (PEP 578; it cannot be removed) that reports the tested code when it
+  reads or changes the hidden tests, inspects frames or the garbage collector, loads ctypes,
+  imports pytest's internals, or signals the test process;
+- puts the hidden tests directory, then the workspace, at the *end* of ``sys.path``, so no
+  workspace module can shadow the standard library or pytest;
+- runs pytest with the grader's own ini file (``-c``), no plugin autoload, no cache, and
+  conftest files only from the hidden tests directory;
+- reports every collected test, every outcome and every audit finding as one line on a dup of
+  the original stdout, taken before pytest captures fd 1: ``@@tempering <mac> <json>``, where
+  the mac is an HMAC of the line under the per-run key with a sequence number, so the tested
+  code can neither forge a line nor replay one. A line it hides (by crashing, exiting or
+  flooding) only makes tests go missing, and missing tests fail.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import sys
+import threading
+
+PREFIX = "@@tempering"
+WATCHED = frozenset({
+    "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
+    "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
+    "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
+    "ctypes.dlopen", "os.kill", "os.killpg", "import",
+})
+FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals"})
+PASS_THROUGH_INTROSPECTION = ("/inspect.py", "/traceback.py")
+
+
+class Reporter:
+    def __init__(self, fd, key):
+        self._fd, self._key, self._seq = fd, key, 0
+        self._lock = threading.Lock()
+
+    def emit(self, **record):
+        with self._lock:
+            self._seq += 1
+            record["seq"] = self._seq
+            body = json.dumps(record, separators=(",", ":"), default=str)
+            mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()[:32]
+            line = f"\n{PREFIX} {mac} {body}\n".encode()  # a line of its own
+            while line:
+                line = line[os.write(self._fd, line):]
+
+
+class Watch:
+    """The audit hook: attributes each watched event to the nearest non-library frame."""
+
+    def __init__(self, reporter, workspace, tests, launcher_dir):
+        self.reporter = reporter
+        self.workspace = workspace.rstrip("/") + "/"
+        self.tests = tests.rstrip("/") + "/"
+        self.protected = (self.tests, launcher_dir.rstrip("/") + "/")
+        self.stdlib = os.path.dirname(os.__file__) + "/"
+        self.local = threading.local()
+        self.pid = os.getpid()
+        self.seen = set()
+
+    def __call__(self, event, args):
+        if event not in WATCHED or getattr(self.local, "busy", False):
+            return
+        self.local.busy = True
+        try:
+            self.check(event, args)
+        except Exception:  # a hook that raises would break the tested code, not protect it
+            pass
+        finally:
+            self.local.busy = False
+
+    def agent_caller(self, pass_through):
+        """Whether the nearest frame outside ``pass_through`` files is workspace code."""
+        frame = sys._getframe(3)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(self.workspace) and not name.startswith(self.tests):
+                return name
+            if not pass_through(name):
+                return None
+            frame = frame.f_back
+        return None
+
+    def library(self, name):
+        return name.startswith((self.stdlib, "<frozen")) and "/site-packages/" not in name
+
+    def introspection_library(self, name):
+        return name.endswith(PASS_THROUGH_INTROSPECTION)
+
+    def flag(self, flag, detail, where):
+        if (flag, detail) not in self.seen:
+            self.seen.add((flag, detail))
+            self.reporter.emit(event="audit", flag=flag, detail=detail, where=where)
+
+    def check(self, event, args):
+        if event == "open":
+            path, mode = args[0], args[1]
+            if not isinstance(path, str):
+                return
+            full = os.path.abspath(path)
+            if not full.startswith(self.protected):
+                return
+            where = self.agent_caller(self.library)
+            if where is None:
+                return
+            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+            writing = writing or (isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR))
+            self.flag("tests_modified" if writing else "read_tests", full, where)
+        elif event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod",
+                       "os.truncate"):
+            paths = [a for a in args if isinstance(a, str)]
+            if any(os.path.abspath(p).startswith(self.protected) for p in paths):
+                where = self.agent_caller(self.library)
+                if where is not None:
+                    self.flag("tests_modified", f"{event} {paths[0]}", where)
+        elif event == "object.__getattr__":
+            if args[1] in FRAME_ATTRS:
+                where = self.agent_caller(self.introspection_library)
+                if where is not None:
+                    self.flag("introspection", f"frame attribute {args[1]}", where)
+        elif event in ("sys._getframe", "sys._current_frames", "gc.get_objects",
+                       "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile"):
+            where = self.agent_caller(self.introspection_library)
+            if where is not None:
+                self.flag("introspection", event, where)
+        elif event == "ctypes.dlopen":
+            where = self.agent_caller(self.library)
+            if where is not None:
+                self.flag("ctypes", f"dlopen {args[0]}", where)
+        elif event in ("os.kill", "os.killpg"):
+            if args[0] in (self.pid, os.getppid(), 0, -1, os.getpgid(0)):
+                where = self.agent_caller(self.library)
+                if where is not None:
+                    self.flag("kills_test_process", f"{event}{tuple(args)}", where)
+        elif event == "import":
+            module = args[0]
+            if module.split(".")[0] in ("_pytest", "pytest", "pluggy", "ctypes"):
+                where = self.agent_caller(self.library)
+                if where is not None:
+                    flag = "ctypes" if module.startswith("ctypes") else "imports_pytest"
+                    self.flag(flag, module, where)
+
+
+class Report:
+    """The pytest plugin: one line per collected test and per final outcome."""
+
+    def __init__(self, reporter):
+        self.reporter = reporter
+        self.outcomes = {}
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.reporter.emit(event="collect_error", id=report.nodeid,
+                               message=str(report.longrepr)[-1500:])
+
+    def pytest_collection_finish(self, session):
+        self.reporter.emit(event="collected", ids=[item.nodeid for item in session.items])
+
+    def pytest_runtest_logreport(self, report):
+        outcome = self.outcomes.get(report.nodeid)
+        xfail = hasattr(report, "wasxfail")
+        if report.when == "setup":
+            outcome = ("xfailed" if xfail else "skipped") if report.skipped else (
+                "error" if report.failed else None)
+        elif report.when == "call":
+            if report.passed:
+                outcome = "xpassed" if xfail else "passed"
+            elif report.skipped:
+                outcome = "xfailed" if xfail else "skipped"
+            else:
+                outcome = "failed"
+        elif report.when == "teardown" and report.failed and outcome in (None, "passed"):
+            outcome = "error"
+        self.outcomes[report.nodeid] = outcome
+        if report.when == "teardown":
+            message = "" if outcome == "passed" else str(report.longrepr or "")[-1500:]
+            if not message and outcome != "passed":
+                message = self._message
+            self.reporter.emit(event="test", id=report.nodeid, outcome=outcome or "error",
+                               message=message)
+        elif not report.passed:
+            self._message = str(report.longrepr or "")[-1500:]
+
+    _message = ""
+
+
+def run_tests(config, reporter):
+    import pytest
+
+    workspace, tests = config["workspace"], config["tests"]
+    sys.addaudithook(Watch(reporter, workspace, tests, config["launcher_dir"]))
+    os.chdir(workspace)
+    sys.path.extend([tests, workspace])
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    reporter.emit(event="start", pid=os.getpid())
+    code = pytest.main([
+        "-c", config["ini"], "--rootdir", workspace, "--confcutdir", tests,
+        "--import-mode=importlib", "-p", "no:cacheprovider", "-q", "--tb=short",
+        "--no-header", "-rN", *config["args"], *config["canaries"]],
+        plugins=[Report(reporter)])
+    reporter.emit(event="end", exitstatus=int(code))
+
+
+def run_verifier(config, reporter):
+    """Call ``function(workspace)`` from a task's verifier file; report its scores."""
+    import importlib.util
+
+    os.chdir(config["workspace"])
+    sys.path.append(config["workspace"])
+    spec = importlib.util.spec_from_file_location("tempering_verifier", config["file"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scores = getattr(module, config["function"])(config["workspace"])
+    reporter.emit(event="scores", scores=scores)
+
+
+def main():
+    if sys.argv[1:] == ["pytest"]:
+        import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
+    config = json.loads(sys.stdin.readline())
+    reporter = Reporter(os.dup(1), bytes.fromhex(config["key"]))
+    if sys.argv[1:] == ["pytest"]:
+        run_tests(config, reporter)
+    else:
+        run_verifier(config, reporter)
+    sys.stdout.flush()
+    os._exit(0)  # nothing the tested code registered (atexit, threads) runs after the report
+
+
+if __name__ == "__main__":
+    main()

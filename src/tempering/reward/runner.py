@@ -1,0 +1,154 @@
+"""Running the hidden tests in a grading sandbox, and reading their authenticated report.
+
+The launcher (``inside.py``) is written to ``/tmp/.tempering`` in the grading sandbox and
+started before the workspace is filled, so it has imported pytest by the time the files are
+there; it then gets one line of configuration on stdin with a fresh key. Its report lines are
+checked here: a line whose MAC does not verify, or whose sequence number is out of order, is
+dropped and raises ``forged_report``. Two canary tests with per-run random names and values run
+after the hidden tests; one must pass and one must fail, or the runner was tampered with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+
+from tempering.sandbox import Sandbox
+from tempering.sandbox.base import Command
+
+LAUNCHER_DIR = "/tmp/.tempering"
+PREFIX = "@@tempering "
+INI = """[pytest]
+addopts =
+python_files = test_*.py *_test.py
+python_classes = Test*
+python_functions = test*
+"""
+
+
+def pytest_args(command: str) -> list[str]:
+    """The arguments of a pytest invocation (``python3 -m pytest ARGS`` or ``pytest ARGS``)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(f"grading command {command!r} does not parse: {exc}") from None
+    if argv[:1] in (["pytest"], ["py.test"]):
+        return argv[1:]
+    if len(argv) >= 3 and argv[0] in ("python", "python3") and argv[1:3] == ["-m", "pytest"]:
+        return argv[3:]
+    raise ValueError(f"grading command {command!r} is not a pytest invocation: write it as "
+                     "'python3 -m pytest PATHS...'; put other scoring in a [[verifiers]] entry")
+
+
+@dataclass
+class TestRun:
+    """What the report of one test run said, checked."""
+
+    collected: list[str] = field(default_factory=list)
+    outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)  # id: (outcome, message)
+    audit: list[tuple[str, str, str]] = field(default_factory=list)  # (flag, detail, where)
+    collect_errors: list[str] = field(default_factory=list)
+    canaries: dict[str, str] = field(default_factory=dict)  # "pass"/"fail": outcome seen
+    started: bool = False
+    finished: bool = False
+    forged: int = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    oom: bool = False
+    log: str = ""
+
+
+class Launcher:
+    """One launcher process in one grading sandbox, started ahead of its configuration."""
+
+    def __init__(self, sb: Sandbox, command: Command) -> None:
+        self.sb, self.command = sb, command
+
+    @classmethod
+    async def start(cls, sb: Sandbox) -> Launcher:
+        source = resources.files("tempering.reward").joinpath("inside.py").read_bytes()
+        await sb.write_file(f"{LAUNCHER_DIR}/inside.py", source)
+        await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
+        command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "pytest"],
+                                 env={"PYTHONDONTWRITEBYTECODE": "1",
+                                      "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        return cls(sb, command)
+
+    async def run(self, args: list[str], tests_dir: str, timeout: float) -> TestRun:
+        """Write the canaries, configure the launcher, and collect its checked report."""
+        key = secrets.token_bytes(32)
+        tag = secrets.token_hex(6)
+        a, b = secrets.randbelow(1 << 30), secrets.randbelow(1 << 30) + (1 << 30)
+        canary = f"{LAUNCHER_DIR}/canary_{tag}/test_{tag}.py"
+        await self.sb.write_file(canary, (
+            f"def test_{tag}_holds():\n    assert {a} == {a}\n\n\n"
+            f"def test_{tag}_breaks():\n    assert {a} == {b}\n"))
+        workdir = self.sb.spec.workdir.rstrip("/")
+        config = {"key": key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
+                  "launcher_dir": LAUNCHER_DIR, "ini": f"{LAUNCHER_DIR}/pytest.ini",
+                  "args": args, "canaries": [canary]}
+        await self.command.write(json.dumps(config).encode() + b"\n")
+        self.command.close_stdin()
+        result = await self.command.result(timeout)
+        run = parse_report(result.stdout, key, tag)
+        run.exit_code, run.timed_out = result.exit_code, result.timed_out
+        run.oom = result.oom_killed
+        lines = [line for line in result.stdout.splitlines() if not line.startswith(PREFIX)]
+        run.log = ("\n".join(lines) + "\n" + result.stderr)[-4000:]
+        return run
+
+
+def parse_report(stdout: str, key: bytes, tag: str) -> TestRun:
+    run = TestRun()
+    for record in parse_report_records(stdout, key, forged=run):
+        _apply(run, record, tag)
+    return run
+
+
+def parse_report_records(stdout: str, key: bytes,
+                         forged: TestRun | None = None) -> list[dict[str, object]]:
+    """The report lines whose MAC verifies, in sequence; others count in ``forged.forged``."""
+    records: list[dict[str, object]] = []
+    for line in stdout.splitlines():
+        if not line.startswith(PREFIX):
+            continue
+        mac, _, body = line[len(PREFIX):].partition(" ")
+        good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:32]
+        try:
+            record = json.loads(body)
+        except ValueError:
+            record = None
+        if (not hmac.compare_digest(mac, good) or not isinstance(record, dict)
+                or record.get("seq") != len(records) + 1):
+            if forged is not None:
+                forged.forged += 1
+            continue
+        records.append(record)
+    return records
+
+
+def _apply(run: TestRun, record: dict[str, object], tag: str) -> None:
+    event = record.get("event")
+    if event == "start":
+        run.started = True
+    elif event == "end":
+        run.finished = True
+    elif event == "collected":
+        ids = record.get("ids")
+        run.collected = [str(i) for i in ids if tag not in str(i)] if isinstance(ids, list) else []
+    elif event == "collect_error":
+        run.collect_errors.append(f"{record.get('id')}: {str(record.get('message'))[-300:]}")
+    elif event == "test":
+        test_id, outcome = str(record.get("id")), str(record.get("outcome"))
+        if tag in test_id:
+            run.canaries["pass" if test_id.endswith("_holds") else "fail"] = outcome
+        else:
+            run.outcomes[test_id] = (outcome, str(record.get("message", "")))
+    elif event == "audit":
+        run.audit.append((str(record.get("flag")), str(record.get("detail")),
+                          str(record.get("where"))))

@@ -1,0 +1,80 @@
+"""A task's own verifiers: scoring commands or Python functions run in the grading sandbox.
+
+Teams encode what "good" means for their business here (a latency budget, a format, a domain
+check). A verifier runs after the hidden tests, in the same grading sandbox, with the task's
+``verifiers/`` files at ``/tmp/.tempering/verifiers`` (``$TEMPERING_VERIFIERS``), which the
+agent never saw. Its scores become named components of the reward.
+
+- ``command``: a shell command run in the workdir; the last line of its stdout is a JSON object
+  ``{component: score}`` or one number (for a verifier with one component).
+- ``function``: ``file.py:function`` called as ``function(workdir)`` by the launcher, which
+  reports the returned dict (or number) on its authenticated channel.
+
+A verifier that fails, times out or prints no scores gives 0 to its components and raises the
+``verifier_error`` note; scores are clamped to [0, 1].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+
+from tempering.reward.runner import LAUNCHER_DIR, parse_report_records
+from tempering.sandbox import Sandbox
+from tempering.tasks.task import VerifierConfig
+
+VERIFIERS_DIR = f"{LAUNCHER_DIR}/verifiers"
+
+
+async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str, float], str]:
+    """(scores by component, problem or ""); every declared component gets a score."""
+    names = verifier.component_names
+    env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR}
+    if verifier.command is not None:
+        result = await sb.exec(verifier.command, timeout=verifier.timeout_s, env=env)
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        raw: object = None
+        if result.timed_out:
+            problem = f"timed out after {verifier.timeout_s} s"
+        elif not lines:
+            problem = f"printed nothing (exit {result.exit_code}): {result.stderr[-300:]}"
+        else:
+            try:
+                raw, problem = json.loads(lines[-1]), ""
+            except ValueError:
+                problem = f"last line is not JSON: {lines[-1][:200]!r}"
+    else:
+        file, _, function = (verifier.function or "").partition(":")
+        key = secrets.token_bytes(32)
+        config = {"key": key.hex(), "workspace": sb.spec.workdir,
+                  "file": f"{VERIFIERS_DIR}/{file}", "function": function}
+        result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
+                               stdin=json.dumps(config) + "\n", timeout=verifier.timeout_s,
+                               env=env)
+        records = [r for r in parse_report_records(result.stdout, key)
+                   if r.get("event") == "scores"]
+        raw = records[-1].get("scores") if records else None
+        problem = "" if records else (
+            f"timed out after {verifier.timeout_s} s" if result.timed_out
+            else f"returned no scores: {result.stderr.strip()[-300:]}")
+    scores, shape_problem = _scores(raw, names) if not problem else ({}, "")
+    problem = problem or shape_problem
+    return {name: scores.get(name, 0.0) for name in names}, problem
+
+
+def _scores(raw: object, names: list[str]) -> tuple[dict[str, float], str]:
+    if isinstance(raw, bool) or raw is None:
+        return {}, f"scores must be numbers, got {raw!r}"
+    if isinstance(raw, int | float):
+        raw = {names[0]: raw} if len(names) == 1 else raw
+    if not isinstance(raw, dict):
+        return {}, f"scores must be a JSON object or a number, got {str(raw)[:100]!r}"
+    scores, problems = {}, []
+    for name in names:
+        value = raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            problems.append(f"no numeric score for {name!r}")
+            continue
+        scores[name] = min(1.0, max(0.0, float(value)))
+    return scores, "; ".join(problems)

@@ -1,0 +1,258 @@
+"""The task format: a directory with ``task.toml``, and the ``Task`` it loads into.
+
+    task.toml        id, sandbox limits, grading command, protected paths, reward weights
+    instruction.md   what the agent is told
+    workspace/       the files the agent starts with
+    tests/           hidden tests: they exist only inside the grading sandbox
+    verifiers/       optional, hidden too: files the task's own verifiers run
+    solution/        optional reference files; a task whose solution does not score 1 is invalid
+
+Loading validates everything and reports every bad field at once, each named by its path in
+``task.toml`` (``grading.timeout_s``), so an author fixes a task in one pass. A ``Task`` holds
+its files in memory: the grader copies them into fresh sandboxes and never reads the task
+directory again, so editing a task directory mid-run changes nothing already loaded.
+"""
+
+from __future__ import annotations
+
+import keyword
+import tomllib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tempering.errors import ConfigError
+from tempering.sandbox import Sandbox, SandboxSpec
+from tempering.tasks.files import FileTree, Limits, check_path
+
+BUILTIN_COMPONENTS = ("tests", "lint", "rules")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class TaskInfo(_Model):
+    id: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/+-]+$")]
+    """Unique name of the task (letters, digits and ``_.:/+-``), e.g. ``HumanEval/0``."""
+    description: str = ""
+    """One line for listings and reports."""
+    family: str = ""
+    """Group of similar tasks (the scheduler learns durations per family); default: the id."""
+
+
+class GradingConfig(_Model):
+    command: str = "python3 -m pytest tests"
+    """A pytest invocation (``python3 -m pytest`` or ``pytest``, then paths and options); the
+    grader runs it under its own launcher, configuration and report, never the workspace's."""
+    timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 60.0
+    """Wall-clock limit of the test run; tests not finished by then fail."""
+    tests_dir: str = "tests"
+    """Where the hidden tests are placed in the grading sandbox, relative to the workdir."""
+    scoring: Literal["fraction", "all"] = "fraction"
+    """``fraction``: the tests component is passed / expected; ``all``: 1 only if all pass."""
+    expected_tests: Annotated[int, Field(ge=1)] | None = None
+    """How many tests must run; default: counted once by collecting the hidden tests against
+    the reference solution (or the untouched workspace)."""
+    protected: list[str] = []
+    """Glob patterns (or directories, ``data/``) the agent may not change: its edits there are
+    dropped and flagged. The hidden tests directory is always protected."""
+
+    @field_validator("tests_dir")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return check_path(value)
+
+    @field_validator("command")
+    @classmethod
+    def _pytest(cls, value: str) -> str:
+        from tempering.reward.runner import pytest_args
+
+        pytest_args(value)  # raises ValueError naming what is not a pytest invocation
+        return value
+
+
+class LintConfig(_Model):
+    select: list[str] = ["E", "F", "W", "B"]
+    """ruff rule codes checked on the changed Python files (``# noqa`` comments do not count)."""
+    penalty: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """What each finding costs: the lint component is ``max(0, 1 - penalty * findings)``."""
+
+
+class RulesConfig(_Model):
+    forbidden_imports: list[str] = []
+    """Modules the changed code may not import (``subprocess``, ``numpy``...)."""
+    forbidden_calls: list[str] = []
+    """Calls the changed code may not make, by dotted name (``eval``, ``os.system``)."""
+    forbidden_paths: list[str] = []
+    """Glob patterns of paths the agent should not touch; unlike ``grading.protected`` the edit
+    is applied, and the rule fails."""
+    max_changed_files: Annotated[int, Field(ge=0)] | None = None
+    """Most files the agent may add, change or delete."""
+    max_changed_lines: Annotated[int, Field(ge=0)] | None = None
+    """Most lines added plus removed, over every changed text file."""
+
+
+class VerifierConfig(_Model):
+    name: str
+    """Name of the verifier; also its component's name unless ``components`` is given."""
+    command: str | None = None
+    """Shell command run in the grading sandbox's workdir after the tests; its last line of
+    stdout is a JSON object ``{component: score in [0, 1]}`` (or one number)."""
+    function: str | None = None
+    """``file.py:function`` in the task's ``verifiers/`` directory, called inside the grading
+    sandbox with the workdir's path; returns a dict of scores (or one number)."""
+    components: list[str] = []
+    """Component names it reports; default: ``[name]``."""
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """Wall-clock limit of the verifier."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> VerifierConfig:
+        if (self.command is None) == (self.function is None):
+            raise ValueError(f"verifier {self.name!r} needs exactly one of command or function")
+        if self.function is not None and ":" not in self.function:
+            raise ValueError(f"verifier {self.name!r}: function {self.function!r} must be "
+                             "'file.py:function'")
+        for name in self.component_names:
+            if not name.isidentifier() or keyword.iskeyword(name) or name in BUILTIN_COMPONENTS:
+                raise ValueError(f"verifier component {name!r} must be an identifier other "
+                                 f"than {', '.join(BUILTIN_COMPONENTS)}")
+        return self
+
+    @property
+    def component_names(self) -> list[str]:
+        return self.components or [self.name]
+
+
+class TaskConfig(_Model):
+    """The contents of ``task.toml``."""
+
+    task: TaskInfo
+    sandbox: SandboxSpec = SandboxSpec(memory_mb=1024)
+    """Limits and backend of the agent's sandbox and of the grading sandbox."""
+    grading: GradingConfig = GradingConfig()
+    reward: dict[str, Annotated[float, Field(ge=0)]] = {"tests": 1.0}
+    """Weight of each component in ``reward``; components: tests, lint, rules, and those of the
+    verifiers. The reward is the weighted mean; a tamper flag makes it 0."""
+    lint: LintConfig = LintConfig()
+    rules: RulesConfig = RulesConfig()
+    verifiers: list[VerifierConfig] = []
+
+    @model_validator(mode="after")
+    def _known_components(self) -> TaskConfig:
+        known = [*BUILTIN_COMPONENTS, *(c for v in self.verifiers for c in v.component_names)]
+        for name in self.reward:
+            if name not in known:
+                raise ValueError(f"reward weight for unknown component {name!r}: choose from "
+                                 f"{', '.join(known)}")
+        if not any(self.reward.values()):
+            raise ValueError("reward weights are all 0: give at least one component a weight")
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """A loaded task: configuration, instruction, and its files in memory."""
+
+    config: TaskConfig
+    instruction: str
+    workspace: FileTree
+    tests: FileTree
+    solution: FileTree | None = None
+    verifiers: FileTree = FileTree()
+    root: Path | None = None
+
+    @property
+    def id(self) -> str:
+        return self.config.task.id
+
+    @property
+    def family(self) -> str:
+        return self.config.task.family or self.id
+
+    @property
+    def sandbox(self) -> SandboxSpec:
+        """The spec of the agent's sandbox (the grading sandbox uses it too)."""
+        return self.config.sandbox
+
+    @cached_property
+    def digest(self) -> str:
+        """Identifies the task's content: configuration and every file."""
+        import hashlib
+
+        parts = [self.config.model_dump_json(), self.instruction, self.workspace.digest(),
+                 self.tests.digest(), self.verifiers.digest(),
+                 self.solution.digest() if self.solution is not None else "-"]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    async def prepare(self, sb: Sandbox) -> None:
+        """Put the workspace files into the agent's sandbox; never the tests or the solution."""
+        await self.workspace.write_into(sb)
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r}, {len(self.workspace)} workspace files, {len(self.tests)} tests)"
+
+
+def load_task(path: str | Path, limits: Limits | None = None) -> Task:
+    """Load and validate a task directory; ConfigError lists every problem found."""
+    root = Path(path)
+    if not (root / "task.toml").is_file():
+        raise ConfigError(f"{root}: no task.toml here; a task directory holds task.toml, "
+                          "instruction.md, workspace/ and tests/")
+    problems: list[str] = []
+    config: TaskConfig | None = None
+    try:
+        raw = tomllib.loads((root / "task.toml").read_text())
+        config = TaskConfig.model_validate(raw)
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(f"task.toml is not valid TOML: {exc}")
+    except UnicodeDecodeError:
+        problems.append("task.toml is not UTF-8")
+    except ValidationError as exc:
+        problems += [f"task.toml {_loc(e['loc'])}: {e['msg']}" + _given(e) for e in exc.errors()]
+    instruction = ""
+    if not (root / "instruction.md").is_file():
+        problems.append("instruction.md is missing: write what the agent is told")
+    else:
+        instruction = (root / "instruction.md").read_text(errors="replace")
+    trees = {name: FileTree.read(root / name, limits)
+             for name in ("workspace", "tests", "solution", "verifiers")}
+    if not (root / "tests").is_dir() or not trees["tests"]:
+        problems.append("tests/ is missing or empty: a task needs hidden tests")
+    for name, tree in trees.items():
+        problems += [f"{name}/{entry}: left out" for entry in tree.left_out]
+    if config is not None:
+        problems += _check_files(config, trees)
+    if problems or config is None:
+        raise ConfigError(f"invalid task {root}:\n" + "\n".join(f"  - {p}" for p in problems))
+    return Task(config, instruction, trees["workspace"], trees["tests"],
+                trees["solution"] if (root / "solution").is_dir() else None,
+                trees["verifiers"], root)
+
+
+def _check_files(config: TaskConfig, trees: dict[str, FileTree]) -> list[str]:
+    problems = []
+    tests_dir = config.grading.tests_dir
+    if any(p == tests_dir or p.startswith(tests_dir + "/") for p in trees["workspace"]):
+        problems.append(f"workspace/{tests_dir} exists, but grading.tests_dir is where the hidden "
+                        "tests go: move those files or choose another tests_dir")
+    for v in config.verifiers:
+        if v.function is not None and v.function.split(":")[0] not in trees["verifiers"]:
+            problems.append(f"verifier {v.name!r}: verifiers/{v.function.split(':')[0]} "
+                            "does not exist")
+    return problems
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _given(error: object) -> str:
+    value = error.get("input") if isinstance(error, dict) else None
+    if value is None or isinstance(value, dict | list):
+        return ""
+    return f" (given {value!r})"
