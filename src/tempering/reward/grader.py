@@ -230,7 +230,7 @@ def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str]
     if run.collect_errors:
         flags.add("collection_error")
         details += [f"collection_error: {e}" for e in run.collect_errors]
-    elif run.started and run.collected and len(run.collected) != expected:
+    elif run.finished and len(run.collected) != expected:
         flags.add("test_count_mismatch")
         details.append(f"test_count_mismatch: {len(run.collected)} collected, {expected} expected")
     skipped = [t.id for t in tests if t.outcome in ("skipped", "xfailed")]

@@ -90,6 +90,9 @@ class Watch:
             frame = frame.f_back
         return None
 
+    def is_protected(self, path):
+        return (path + "/").startswith(self.protected)
+
     def library(self, name):
         return name.startswith((self.stdlib, "<frozen")) and "/site-packages/" not in name
 
@@ -107,7 +110,7 @@ class Watch:
             if not isinstance(path, str):
                 return
             full = os.path.abspath(path)
-            if not full.startswith(self.protected):
+            if not self.is_protected(full):
                 return
             where = self.agent_caller(self.library)
             if where is None:
@@ -118,7 +121,7 @@ class Watch:
         elif event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod",
                        "os.truncate"):
             paths = [a for a in args if isinstance(a, str)]
-            if any(os.path.abspath(p).startswith(self.protected) for p in paths):
+            if any(self.is_protected(os.path.abspath(p)) for p in paths):
                 where = self.agent_caller(self.library)
                 if where is not None:
                     self.flag("tests_modified", f"{event} {paths[0]}", where)

@@ -80,6 +80,8 @@ class LintConfig(_Model):
     """ruff rule codes checked on the changed Python files (``# noqa`` comments do not count)."""
     penalty: Annotated[float, Field(ge=0, le=1)] = 0.1
     """What each finding costs: the lint component is ``max(0, 1 - penalty * findings)``."""
+    line_length: Annotated[int, Field(ge=40, le=400)] = 100
+    """Longest line allowed (rule E501)."""
 
 
 class RulesConfig(_Model):

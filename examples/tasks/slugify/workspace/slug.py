@@ -1,0 +1,3 @@
+def slugify(title: str) -> str:
+    """A URL slug for ``title``."""
+    raise NotImplementedError

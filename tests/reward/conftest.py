@@ -1,0 +1,51 @@
+"""Grading tests run an agent's files through the real grader: a real agent sandbox, a real
+grading sandbox, the real launcher and pytest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tempering.reward import Grader, RewardResult
+from tempering.sandbox import open_sandbox
+from tempering.tasks import Task, load_task
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+
+
+@pytest.fixture(scope="session")
+def median() -> Task:
+    return load_task(EXAMPLES / "median")
+
+
+async def _attempt(task: Task, files: Mapping[str, str | bytes] | None = None,
+                  shell: str | None = None, grader: Grader | None = None) -> RewardResult:
+    """What an agent leaves: the task's workspace, then ``files`` written and ``shell`` run."""
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        for path, data in (files or {}).items():
+            await sb.write_file(path, data)
+        if shell is not None:
+            result = await sb.exec(shell)
+            assert result.exit_code == 0, result.stderr
+        async with Grader() if grader is None else _borrowed(grader) as g:
+            return await g.grade(task, sb)
+
+
+@pytest.fixture
+def attempt():  # type: ignore[no-untyped-def]
+    """``await attempt(task, files, shell)``: grade what an agent left."""
+    return _attempt
+
+
+class _borrowed:  # noqa: N801 - an async context manager that does not close the grader
+    def __init__(self, grader: Grader) -> None:
+        self.grader = grader
+
+    async def __aenter__(self) -> Grader:
+        return self.grader
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
