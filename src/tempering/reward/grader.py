@@ -38,11 +38,12 @@ GRADING_OUTPUT_LIMIT = 8 << 20
 
 
 def grading_spec(task: Task) -> SandboxSpec:
-    """The agent's spec without network, with room for the report."""
+    """The agent's spec without network, with room for the report, on memory storage (a
+    grading sandbox lives for one run and is never forked)."""
     spec = task.sandbox
     return spec.model_copy(update={
-        "network": False, "output_limit_bytes": max(spec.output_limit_bytes,
-                                                    GRADING_OUTPUT_LIMIT)})
+        "network": False, "storage": "memory",
+        "output_limit_bytes": max(spec.output_limit_bytes, GRADING_OUTPUT_LIMIT)})
 
 
 class Grader:
@@ -75,38 +76,39 @@ class Grader:
 
     # ---- launchers ----
 
-    async def _fresh(self, spec: SandboxSpec) -> Launcher:
+    async def _fresh(self, spec: SandboxSpec, runner: str) -> Launcher:
         sb = await create_sandbox(spec)
         try:
-            return await Launcher.start(sb)
+            return await Launcher.start(sb, runner)
         except BaseException:
             await sb.close()
             raise
 
-    def prestart(self, spec: SandboxSpec) -> None:
-        """Top the stock of started launchers for ``spec`` up to ``warm``."""
-        key = spec.key()
+    def prestart(self, spec: SandboxSpec, runner: str = "pytest") -> None:
+        """Top the stock of started launchers for ``spec`` and ``runner`` up to ``warm``."""
+        key = spec.key() + runner
         stock = self._stock.setdefault(key, [])
         while not self._closed and len(stock) + self._starting.get(key, 0) < self.warm:
             self._starting[key] = self._starting.get(key, 0) + 1
-            task = asyncio.get_running_loop().create_task(self._stock_one(spec))
+            task = asyncio.get_running_loop().create_task(self._stock_one(spec, runner))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _stock_one(self, spec: SandboxSpec) -> None:
+    async def _stock_one(self, spec: SandboxSpec, runner: str) -> None:
+        key = spec.key() + runner
         try:
-            launcher = await self._fresh(spec)
+            launcher = await self._fresh(spec, runner)
         except (SandboxError, OSError):
             return  # the next grading starts its own and reports the error
         finally:
-            self._starting[spec.key()] -= 1
+            self._starting[key] -= 1
         if self._closed:
             await launcher.sb.close()
         else:
-            self._stock[spec.key()].append(launcher)
+            self._stock[key].append(launcher)
 
-    async def _launcher(self, spec: SandboxSpec) -> Launcher:
-        stock = self._stock.get(spec.key(), [])
+    async def _launcher(self, spec: SandboxSpec, runner: str) -> Launcher:
+        stock = self._stock.get(spec.key() + runner, [])
         launcher = None
         while stock and launcher is None:
             candidate = stock.pop(0)
@@ -114,8 +116,8 @@ class Grader:
                 continue
             launcher = candidate
         if self.warm:
-            self.prestart(spec)
-        return launcher or await self._fresh(spec)
+            self.prestart(spec, runner)
+        return launcher or await self._fresh(spec, runner)
 
     # ---- grading ----
 
@@ -165,7 +167,7 @@ class Grader:
     async def _run(self, task: Task, tree: FileTree, flags: set[str],
                    details: list[str]) -> tuple[TestRun, dict[str, float]]:
         grading = task.config.grading
-        launcher = await self._launcher(grading_spec(task))
+        launcher = await self._launcher(grading_spec(task), grading.runner)
         sb = launcher.sb
         try:
             await tree.write_into(sb)
@@ -191,7 +193,7 @@ class Grader:
             return task.config.grading.expected_tests
         if task.digest not in self._expected:
             tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {})
-            launcher = await self._fresh(grading_spec(task))
+            launcher = await self._fresh(grading_spec(task), "pytest")
             grading = task.config.grading
             try:
                 await tree.write_into(launcher.sb)

