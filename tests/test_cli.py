@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,10 @@ def tempering(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
 # ---- help and version ----
 
 @pytest.mark.parametrize(("command", "mentions"), [
-    ([], ["demo", "sandbox", "doctor", "reclaim", "--version"]),
+    ([], ["demo", "sandbox", "grade", "tasks", "doctor", "reclaim", "--version"]),
+    (["grade"], ["TASK_DIR", "--workspace", "--overlay", "--json", "examples:"]),
+    (["tasks"], ["validate"]),
+    (["tasks", "validate"], ["humaneval", "--concurrency", "--all", "examples:"]),
     (["demo"], ["--episodes", "--concurrency", "--memory-mb", "--cpus", "examples:"]),
     (["sandbox"], ["run"]),
     (["sandbox", "run"], ["--memory-mb", "--cpus", "--pids", "--disk-mb", "--network",
@@ -188,3 +192,54 @@ def test_sandbox_run_on_a_volume_and_bad_storage() -> None:
     assert (proc.returncode, proc.stdout) == (0, "hi\n"), proc.stderr
     proc = tempering("sandbox", "run", "--storage", "disk", "--", "true")
     assert proc.returncode == 2 and "--storage disk" in proc.stderr
+
+
+# ---- grade and tasks validate ----
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+
+
+def test_grade_prints_a_table_and_json(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    workspace = tmp_path / "ws"
+    shutil.copytree(EXAMPLES / "median" / "workspace", workspace)
+    shutil.copy(EXAMPLES / "median" / "solution" / "stats.py", workspace / "stats.py")
+    proc = tempering("grade", str(EXAMPLES / "median"), "--workspace", str(workspace))
+    assert proc.returncode == 0, proc.stderr
+    assert "reward" in proc.stderr and "5/5 passed" in proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["reward"] == 1.0 and result["tests_total"] == 5
+    (workspace / "conftest.py").write_text("x = 1\n")
+    proc = tempering("grade", str(EXAMPLES / "median"), "--workspace", str(workspace), "--json")
+    result = json.loads(proc.stdout)
+    assert result["reward"] == 0.0 and "conftest" in result["flags"] and proc.stderr == ""
+
+
+def test_grade_overlay_and_bad_input(tmp_path: Path) -> None:
+    import json
+
+    proc = tempering("grade", str(EXAMPLES / "slugify"), "--overlay", "--workspace",
+                     str(EXAMPLES / "slugify" / "solution"), "--json")
+    assert json.loads(proc.stdout)["reward"] == 1.0, proc.stderr
+    proc = tempering("grade", str(tmp_path), "--workspace", str(tmp_path))
+    assert proc.returncode == 2 and "no task.toml" in proc.stderr
+    proc = tempering("grade", str(EXAMPLES / "median"), "--workspace", str(tmp_path / "nope"))
+    assert proc.returncode == 2
+    assert "--workspace" in proc.stderr and "not a directory" in proc.stderr
+
+
+def test_tasks_validate_accepts_the_examples_and_names_what_is_wrong(tmp_path: Path) -> None:
+    import shutil
+
+    proc = tempering("tasks", "validate", *[str(p) for p in sorted(EXAMPLES.iterdir())], "--all")
+    assert proc.returncode == 0, proc.stderr
+    assert "median" in proc.stderr and "2 task(s) valid" in proc.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(EXAMPLES / "median", broken)
+    (broken / "solution" / "stats.py").write_text("def median(values):\n    return 0\n")
+    proc = tempering("tasks", "validate", str(broken))
+    assert proc.returncode == 1
+    assert "reference solution scores 0.000" in proc.stderr
+    assert "1 of 1 task(s) invalid" in proc.stderr

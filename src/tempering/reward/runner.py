@@ -89,9 +89,19 @@ class Launcher:
         run = parse_report(result.stdout, key, tag)
         run.exit_code, run.timed_out = result.exit_code, result.timed_out
         run.oom = result.oom_killed
-        lines = [line for line in result.stdout.splitlines() if not line.startswith(PREFIX)]
-        run.log = ("\n".join(lines) + "\n" + result.stderr)[-4000:]
+        run.log = (_human_log(result.stdout, tag) + result.stderr)[-4000:]
         return run
+
+
+def _human_log(stdout: str, tag: str) -> str:
+    """pytest's own output without the report lines and the canaries' failure section."""
+    kept, in_canary = [], False
+    for line in stdout.splitlines():
+        if line.startswith(("_", "=")):
+            in_canary = tag in line
+        if line.strip() and not in_canary and not line.startswith(PREFIX) and tag not in line:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def encode_config(config: Mapping[str, object]) -> bytes:

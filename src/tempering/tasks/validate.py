@@ -1,0 +1,68 @@
+"""Checking that tasks can teach: the reference solution scores 1, the untouched workspace less.
+
+A task whose solution does not score 1 (a broken test, a missing dependency in the sandbox, a
+tamper rule that the honest solution trips) would hand every episode a wrong reward, and one
+whose untouched workspace already scores 1 rewards doing nothing. ``tempering tasks validate``
+runs both gradings for every task, concurrently, through the real grader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tempering.errors import TemperingError
+from tempering.reward import Grader, RewardResult
+from tempering.tasks.task import Task
+
+
+@dataclass(frozen=True)
+class Validation:
+    task_id: str
+    solution: RewardResult | None
+    untouched: RewardResult | None
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def validate_task(task: Task, grader: Grader) -> Validation:
+    """Grade the reference solution and the untouched workspace; say what is wrong."""
+    problems: list[str] = []
+    solution = untouched = None
+    try:
+        untouched = await grader.grade_files(task, task.workspace)
+        if task.solution is None:
+            problems.append("no solution/: a task needs a reference solution to be validated")
+        else:
+            solution = await grader.grade_files(task, task.workspace.overlay(
+                dict(task.solution.files), dict(task.solution.modes)))
+    except TemperingError as exc:
+        problems.append(str(exc))
+    if solution is not None and (solution.reward != 1.0 or solution.tampered):
+        failing = [f"{t.id} {t.outcome}" for t in solution.tests if t.outcome != "passed"]
+        why = "; ".join(failing[:3] + solution.flags) or str(solution.components)
+        problems.append(f"the reference solution scores {solution.reward:.3f}, not 1 ({why})")
+    if untouched is not None and untouched.reward >= 1.0:
+        problems.append("the untouched workspace already scores 1: the task rewards doing "
+                        "nothing")
+    return Validation(task.id, solution, untouched, tuple(problems))
+
+
+async def validate_tasks(tasks: Sequence[Task], *, concurrency: int = 4, warm: int = 0,
+                         on_done: Callable[[Validation], None] | None = None
+                         ) -> list[Validation]:
+    """Validate many tasks, ``concurrency`` at a time, in input order."""
+    gate = asyncio.Semaphore(concurrency)
+    async with Grader(warm=warm) as grader:
+        async def one(task: Task) -> Validation:
+            async with gate:
+                result = await validate_task(task, grader)
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
