@@ -17,6 +17,7 @@ already imported pytest, waiting for files. They are never reused: each grades o
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import tempfile
 import time
@@ -174,7 +175,7 @@ class Grader:
             await task.tests.write_into(sb, grading.tests_dir)  # last: they win any clash
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
             run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
-                                     grading.timeout_s)
+                                     grading.timeout_s, canary_imports(task))
             scores: dict[str, float] = {}
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
@@ -208,6 +209,22 @@ class Grader:
                                     f"({errors}); fix the tests or set grading.expected_tests")
             self._expected[task.digest] = len(run.collected)
         return self._expected[task.digest]
+
+
+def canary_imports(task: Task) -> str:
+    """The hidden tests' top-level imports, each guarded, for the canary file to repeat."""
+    lines: dict[str, None] = {}
+    for path in task.tests:
+        if not path.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(task.tests[path])
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0:
+                lines[ast.unparse(node)] = None
+    return "".join(f"try:\n    {line}\nexcept BaseException:\n    pass\n" for line in lines)
 
 
 def _test_results(run: TestRun, expected: int) -> list[TestResult]:
@@ -250,7 +267,8 @@ def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str]
         else:
             flags.add("test_process_died")
             details.append(f"test_process_died: exit status {run.exit_code}")
-    if run.finished and run.canaries != {"pass": "passed", "fail": "failed"}:
+    if run.finished and run.canary_expected and run.canaries != {"pass": "passed",
+                                                                  "fail": "failed"}:
         flags.add("runner_tampered")
         details.append(f"runner_tampered: canaries reported {run.canaries or 'nothing'}")
 

@@ -32,7 +32,7 @@ WATCHED = frozenset({
     "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
-    "ctypes.dlopen", "os.kill", "os.killpg", "import",
+    "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile", "code.__new__",
 })
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals"})
 PASS_THROUGH_INTROSPECTION = ("/inspect.py", "/traceback.py")
@@ -159,6 +159,12 @@ class Watch:
             where = self.agent_caller(self.introspection_library)
             if where is not None:
                 self.flag("introspection", event, where)
+        elif event in ("compile", "code.__new__"):
+            filename = args[1] if len(args) > 1 else None
+            if isinstance(filename, str) and self.is_protected(os.path.abspath(filename)):
+                where = self.agent_caller(self.library)
+                if where is not None:
+                    self.flag("tests_modified", f"{event} as {filename}", where)
         elif event == "ctypes.dlopen":
             where = self.agent_caller(self.library)
             if where is not None:
@@ -251,7 +257,7 @@ def run_plain(config, reporter):
     os.dup2(quiet, 2)
     reporter.emit(event="start", pid=os.getpid())
     files = []
-    for arg in [*config["args"], *config["canaries"]]:
+    for arg in [*config["args"], *config["canaries"]]:  # a file given twice runs once
         path = os.path.join(workspace, arg)
         if os.path.isdir(path):
             for top, dirs, names in os.walk(path):
@@ -261,7 +267,7 @@ def run_plain(config, reporter):
         else:
             files.append(path)
     items = []
-    for index, path in enumerate(files):
+    for index, path in enumerate(dict.fromkeys(os.path.normpath(f) for f in files)):
         rel = os.path.relpath(path, workspace)
         try:
             module = SourceFileLoader(f"tempering_test_{index}", path).load_module()
@@ -270,7 +276,8 @@ def run_plain(config, reporter):
             continue
         for name, value in list(vars(module).items()):
             if name.startswith("test") and callable(value) and not isinstance(value, type):
-                if getattr(value, "__module__", None) == module.__name__:
+                code = getattr(value, "__code__", None)  # defined in this file, not swapped in
+                if code is not None and code.co_filename == path:
                     items.append((f"{rel}::{name}", value))
             elif name.startswith("Test") and isinstance(value, type):
                 for method in sorted(vars(value)):

@@ -4,8 +4,9 @@ The launcher (``inside.py``) is written to ``/tmp/.tempering`` in the grading sa
 started before the workspace is filled, so it has imported pytest by the time the files are
 there; it then gets one line of configuration on stdin with a fresh key. Its report lines are
 checked here: a line whose MAC does not verify, or whose sequence number is out of order, is
-dropped and raises ``forged_report``. Two canary tests with per-run random names and values run
-after the hidden tests; one must pass and one must fail, or the runner was tampered with.
+dropped and raises ``forged_report``. Two canary tests run among the hidden tests, in a file
+with a random name and the hidden tests' imports; one must pass and one must fail, or the
+runner was tampered with.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class TestRun:
     audit: list[tuple[str, str, str]] = field(default_factory=list)  # (flag, detail, where)
     collect_errors: list[str] = field(default_factory=list)
     canaries: dict[str, str] = field(default_factory=dict)  # "pass"/"fail": outcome seen
+    canary_expected: bool = True  # False when the task's own arguments select tests
     started: bool = False
     finished: bool = False
     forged: int = 0
@@ -70,23 +72,37 @@ class Launcher:
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         return cls(sb, command)
 
-    async def run(self, args: list[str], tests_dir: str, timeout: float) -> TestRun:
-        """Write the canaries, configure the launcher, and collect its checked report."""
+    async def run(self, args: list[str], tests_dir: str, timeout: float,
+                  canary_imports: str = "") -> TestRun:
+        """Write the canaries, configure the launcher, and collect its checked report.
+
+        The canary file sits among the hidden tests under a random name, with random test
+        names and the hidden tests' own imports, so code that tampers with the runner cannot
+        tell it from a hidden test by its path, its name or what it imports."""
         key = secrets.token_bytes(32)
         tag = secrets.token_hex(6)
+        holds, breaks = f"test_{secrets.token_hex(4)}", f"test_{secrets.token_hex(4)}"
         a, b = secrets.randbelow(1 << 30), secrets.randbelow(1 << 30) + (1 << 30)
-        canary = f"{LAUNCHER_DIR}/canary_{tag}/test_{tag}.py"
+        canary = f"{tests_dir}/test_{tag}.py"
+        first, second = sorted([(holds, f"assert {a} == {a}"), (breaks, f"assert {a} == {b}")],
+                               key=lambda _: secrets.randbelow(2))
         await self.sb.write_file(canary, (
-            f"def test_{tag}_holds():\n    assert {a} == {a}\n\n\n"
-            f"def test_{tag}_breaks():\n    assert {a} == {b}\n"))
+            f"{canary_imports}\n\ndef {first[0]}():\n    {first[1]}\n\n\n"
+            f"def {second[0]}():\n    {second[1]}\n"))
+        paths = [a for a in args if not a.startswith("-")]
+        covered = any(tests_dir == p.rstrip("/") or tests_dir.startswith(p.rstrip("/") + "/")
+                      or p in (".", "./") for p in paths)
+        extra = [] if covered and paths else [canary]
         workdir = self.sb.spec.workdir.rstrip("/")
         config = {"key": key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
                   "launcher_dir": LAUNCHER_DIR, "ini": f"{LAUNCHER_DIR}/pytest.ini",
-                  "args": args, "canaries": [canary]}
+                  "args": args, "canaries": extra}
         await self.command.write(encode_config(config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
-        run = parse_report(result.stdout, key, tag)
+        run = parse_report(result.stdout, key, tag, holds)
+        run.canary_expected = not any(a.startswith(("-k", "-m", "--deselect")) or "::" in a
+                                      for a in args)
         run.exit_code, run.timed_out = result.exit_code, result.timed_out
         run.oom = result.oom_killed
         run.log = (_human_log(result.stdout, tag) + result.stderr)[-4000:]
@@ -109,10 +125,10 @@ def encode_config(config: Mapping[str, object]) -> bytes:
     return marshal.dumps(dict(config)).hex().encode() + b"\n"
 
 
-def parse_report(stdout: str, key: bytes, tag: str) -> TestRun:
+def parse_report(stdout: str, key: bytes, tag: str, holds: str) -> TestRun:
     run = TestRun()
     for record in parse_report_records(stdout, key, forged=run):
-        _apply(run, record, tag)
+        _apply(run, record, tag, holds)
     return run
 
 
@@ -138,7 +154,7 @@ def parse_report_records(stdout: str, key: bytes,
     return records
 
 
-def _apply(run: TestRun, record: dict[str, object], tag: str) -> None:
+def _apply(run: TestRun, record: dict[str, object], tag: str, holds: str) -> None:
     event = record.get("event")
     if event == "start":
         run.started = True
@@ -152,7 +168,7 @@ def _apply(run: TestRun, record: dict[str, object], tag: str) -> None:
     elif event == "test":
         test_id, outcome = str(record.get("id")), str(record.get("outcome"))
         if tag in test_id:
-            run.canaries["pass" if test_id.endswith("_holds") else "fail"] = outcome
+            run.canaries["pass" if test_id.endswith("::" + holds) else "fail"] = outcome
         else:
             run.outcomes[test_id] = (outcome, str(record.get("message", "")))
     elif event == "audit":
