@@ -149,3 +149,25 @@ async def test_warm_grader_grades_the_same(median: Task, attempt) -> None:
     async with Grader(warm=2) as grader:
         results = [await attempt(median, {"stats.py": SOLUTION}, grader=grader) for _ in range(3)]
     assert [r.reward for r in results] == [1.0, 1.0, 1.0]
+
+
+async def test_plain_runner_collects_and_grades_without_pytest(tmp_path: Path, attempt) -> None:
+    root = tmp_path / "plain"
+    for sub in ("workspace", "tests", "solution"):
+        (root / sub).mkdir(parents=True)
+    (root / "workspace" / "calc.py").write_text("def add(a, b):\n    return 0\n")
+    (root / "solution" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "tests" / "test_calc.py").write_text(
+        "from calc import add\n\n\ndef test_small():\n    assert add(1, 2) == 3\n\n\n"
+        "def test_zero():\n    assert add(0, 0) == 0\n\n\nclass TestMore:\n"
+        "    def test_negative(self):\n        assert add(-1, -1) == -2\n")
+    (root / "instruction.md").write_text("Implement add.\n")
+    (root / "task.toml").write_text('[task]\nid = "plain"\n[grading]\nrunner = "plain"\n')
+    task = load_task(root)
+    stub = await attempt(task)
+    assert (stub.tests_passed, stub.tests_total) == (1, 3)  # add(0, 0) == 0 holds already
+    assert {t.id for t in stub.tests} == {"tests/test_calc.py::test_small",
+                                          "tests/test_calc.py::test_zero",
+                                          "tests/test_calc.py::TestMore::test_negative"}
+    solved = await attempt(task, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    assert solved.reward == 1.0 and solved.flags == []

@@ -194,13 +194,13 @@ class Grader:
             return task.config.grading.expected_tests
         if task.digest not in self._expected:
             tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {})
-            launcher = await self._fresh(grading_spec(task), "pytest")
             grading = task.config.grading
+            launcher = await self._fresh(grading_spec(task), grading.runner)
             try:
                 await tree.write_into(launcher.sb)
                 await task.tests.write_into(launcher.sb, grading.tests_dir)
-                run = await launcher.run([*pytest_args(grading.command), "--collect-only"],
-                                         grading.tests_dir, grading.timeout_s)
+                run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
+                                         grading.timeout_s, collect_only=True)
             finally:
                 await launcher.sb.close()
             if not run.collected:

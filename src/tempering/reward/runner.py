@@ -58,8 +58,8 @@ class TestRun:
 class Launcher:
     """One launcher process in one grading sandbox, started ahead of its configuration."""
 
-    def __init__(self, sb: Sandbox, command: Command) -> None:
-        self.sb, self.command = sb, command
+    def __init__(self, sb: Sandbox, command: Command, runner: str) -> None:
+        self.sb, self.command, self.runner = sb, command, runner
 
     @classmethod
     async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
@@ -70,10 +70,10 @@ class Launcher:
         command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-        return cls(sb, command)
+        return cls(sb, command, runner)
 
     async def run(self, args: list[str], tests_dir: str, timeout: float,
-                  canary_imports: str = "") -> TestRun:
+                  canary_imports: str = "", *, collect_only: bool = False) -> TestRun:
         """Write the canaries, configure the launcher, and collect its checked report.
 
         The canary file sits among the hidden tests under a random name, with random test
@@ -96,7 +96,8 @@ class Launcher:
         workdir = self.sb.spec.workdir.rstrip("/")
         config = {"key": key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
                   "launcher_dir": LAUNCHER_DIR, "ini": f"{LAUNCHER_DIR}/pytest.ini",
-                  "args": args, "canaries": extra}
+                  "args": [*args, "--collect-only"] if collect_only and self.runner == "pytest"
+                  else args, "canaries": extra, "collect_only": collect_only}
         await self.command.write(encode_config(config))
         self.command.close_stdin()
         result = await self.command.result(timeout)

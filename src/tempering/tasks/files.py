@@ -7,6 +7,7 @@ limits) is listed, so a grader can say what it did not take instead of crashing 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import posixpath
@@ -126,7 +127,7 @@ async def read_sandbox_tree(sb: Sandbox, scratch: Path, limits: Limits | None = 
     """The files in a sandbox's workdir, by content: copied out through the sandbox's file API
     (links and special files are left behind, never followed), then read with ``limits``."""
     skipped = await sb.download(".", scratch)
-    tree = FileTree.read(scratch, limits)
+    tree = await asyncio.to_thread(FileTree.read, scratch, limits)
     links = tuple(f"{p.removeprefix('./')} (symbolic link or special file)" for p in skipped)
     return FileTree(tree.files, tree.modes, tree.left_out + links)
 
