@@ -56,6 +56,7 @@ class Grader:
         self._starting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._expected: dict[str, int] = {}
+        self._counting: dict[str, asyncio.Lock] = {}
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -85,7 +86,11 @@ class Grader:
             await sb.close()
             raise
 
-    def prestart(self, spec: SandboxSpec, runner: str = "pytest") -> None:
+    def prestart(self, task: Task) -> None:
+        """Start ``warm`` launchers for tasks like ``task`` now, before its first grading."""
+        self._prestart(grading_spec(task), task.config.grading.runner)
+
+    def _prestart(self, spec: SandboxSpec, runner: str) -> None:
         """Top the stock of started launchers for ``spec`` and ``runner`` up to ``warm``."""
         key = spec.key() + runner
         stock = self._stock.setdefault(key, [])
@@ -117,7 +122,7 @@ class Grader:
                 continue
             launcher = candidate
         if self.warm:
-            self.prestart(spec, runner)
+            self._prestart(spec, runner)
         return launcher or await self._fresh(spec, runner)
 
     # ---- grading ----
@@ -192,6 +197,10 @@ class Grader:
         reference solution where there is one) and remembered by the task's digest."""
         if task.config.grading.expected_tests is not None:
             return task.config.grading.expected_tests
+        async with self._counting.setdefault(task.digest, asyncio.Lock()):  # count once
+            return await self._count_expected(task)
+
+    async def _count_expected(self, task: Task) -> int:
         if task.digest not in self._expected:
             tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {})
             grading = task.config.grading

