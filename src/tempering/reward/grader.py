@@ -56,7 +56,7 @@ class Grader:
         self._starting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._expected: dict[str, int] = {}
-        self._counting: dict[str, asyncio.Lock] = {}
+        self._counting: dict[tuple[int, str], asyncio.Lock] = {}
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -197,7 +197,9 @@ class Grader:
         reference solution where there is one) and remembered by the task's digest."""
         if task.config.grading.expected_tests is not None:
             return task.config.grading.expected_tests
-        async with self._counting.setdefault(task.digest, asyncio.Lock()):  # count once
+        loop = asyncio.get_running_loop()  # the default grader may outlive an event loop
+        lock = self._counting.setdefault((id(loop), task.digest), asyncio.Lock())
+        async with lock:  # concurrent first gradings of a task count its tests once
             return await self._count_expected(task)
 
     async def _count_expected(self, task: Task) -> int:
