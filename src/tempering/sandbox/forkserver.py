@@ -102,6 +102,13 @@ class Spawner:
                     fds: Sequence[int]) -> tuple[int, asyncio.Future[int]]:
         """Start ``argv`` with ``fds`` as its fds 0, 1, 2, ...; returns its pid and a future of
         its wait status."""
+        started, exited = self.request(argv, fds)
+        return await started, exited
+
+    def request(self, argv: Sequence[str],
+                fds: Sequence[int]) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Send the start of ``argv`` now and return at once: futures of its pid and of its
+        wait status. The caller may work while the spawner forks (the fds may be closed)."""
         loop = self._bind()
         if self._sock is None:
             raise SandboxStartError("the sandbox spawner is gone")
@@ -112,7 +119,7 @@ class Spawner:
         self._pending[ident] = (started, exited)
         payload = b"".join(a.encode() + b"\0" for a in argv)
         _send(self._sock, _HEADER.pack(SPAWN, ident, len(argv), len(fds)) + payload, fds)
-        return await started, exited
+        return started, exited
 
     def _on_readable(self) -> None:
         if self._sock is None:
@@ -126,8 +133,9 @@ class Spawner:
                 started, self._exits[a] = self._pending.pop(ident)
                 _settle(started, result=a)
             elif kind == SPAWN_FAILED and ident in self._pending:
-                _settle(self._pending.pop(ident)[0], error=SandboxStartError(
-                    f"cannot start bubblewrap: {os.strerror(a)}"))
+                error = SandboxStartError(f"cannot start bubblewrap: {os.strerror(a)}")
+                for fut in self._pending.pop(ident):  # it will never exit either
+                    _settle(fut, error=error)
             elif kind == SPAWN_EXITED and a in self._exits:
                 _settle(self._exits.pop(a), result=_signed(b))
 
