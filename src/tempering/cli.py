@@ -16,7 +16,6 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tempering import __version__
@@ -24,7 +23,6 @@ from tempering import __version__
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from tempering.reward import RewardResult
     from tempering.sandbox import ExecResult, SandboxSpec
 
 EXIT_USAGE = 2
@@ -66,11 +64,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     """A command line that parses but cannot be run (exit status 2)."""
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -135,7 +133,7 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
 
     argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not argv:
-        raise _UsageError("give the command to run after `--`, e.g. "
+        raise UsageError("give the command to run after `--`, e.g. "
                           "`tempering sandbox run -- python3 -c 'print(1)'`")
     spec = _spec(args)
 
@@ -171,7 +169,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    rows = asyncio.run(_doctor_checks())
+    from tempering.sandbox.doctor import doctor_checks
+
+    rows = asyncio.run(doctor_checks())
     table = Table(title="Local sandbox backend on this host", title_justify="left")
     for name in ("check", "", "details"):
         table.add_column(name)
@@ -186,131 +186,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-async def _doctor_checks() -> list[tuple[str, bool | None, str]]:
-    """(check, passed, details or the fix); None: skipped because an earlier check failed."""
-    import time
-
-    from tempering.sandbox import SandboxSpec, open_sandbox
-    from tempering.sandbox.host import host, volumes, why_no_volumes
-
-    names = ["local backend prerequisites", "start a sandbox", "storage", "python3 in the sandbox",
-             "pytest in the sandbox", "memory limit enforced"]
-    rows: list[tuple[str, bool | None, str]] = []
-
-    def skip_rest() -> list[tuple[str, bool | None, str]]:
-        return rows + [(n, None, "skipped") for n in names[len(rows):]]
-
-    try:
-        h = host()
-    except Exception as exc:  # whatever stops the backend is this check's finding
-        rows.append((names[0], False, str(exc)))
-        return skip_rest()
-    rows.append((names[0], True, f"bubblewrap {h.bwrap}, root, user namespaces, "
-                                  f"cgroup v{h.hierarchy.version}"))
-    spec = SandboxSpec(memory_mb=128, timeout_s=30)
-    start = time.perf_counter()
-    try:
-        sandbox = await open_sandbox(spec)
-    except Exception as exc:
-        rows.append((names[1], False, f"{exc}; run `tempering reclaim` and try again"))
-        return skip_rest()
-    async with sandbox:
-        rows.append((names[1], True, f"started in {(time.perf_counter() - start) * 1000:.0f} ms"))
-        why = why_no_volumes()
-        rows.append((names[2], True, "auto is volume: copy-on-write btrfs volumes at "
-                     f"{volumes().root}, fork is a snapshot" if why is None else
-                     f"auto is memory (fork copies the files): no volumes because {why}"))
-        checks = [
-            ("python3 --version", "install Python 3 on the host (`apt-get install -y python3`); "
-                                  "sandboxes see the host's system read-only"),
-            ("python3 -c 'import pytest; print(\"pytest\", pytest.__version__)'",
-             "install pytest for the host's python3 (`apt-get install -y python3-pytest`)"),
-        ]
-        for name, (cmd, fix) in zip(names[3:5], checks, strict=True):
-            result = await sandbox.exec(cmd)
-            if not result.ok:
-                why = result.stderr.strip()[-120:] or f"exit {result.exit_code}"
-                rows.append((name, False, f"`{cmd}` failed ({why}); {fix}"))
-                return skip_rest()
-            rows.append((name, True, result.stdout.strip()))
-        result = await sandbox.exec(["python3", "-c", "b'x' * (512 << 20)"])
-        if result.oom_killed:
-            rows.append((names[5], True, "512 MB in a 128 MB sandbox was killed"))
-        else:
-            rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
-                         f"(exit {result.exit_code}); check that the cgroup memory controller "
-                         "is enabled"))
-    return rows
-
-
 def _cmd_reclaim(args: argparse.Namespace) -> int:
     from tempering.sandbox.local import LocalSandbox
 
     removed = LocalSandbox.reclaim()
     print(f"cleaned up {removed} sandbox(es) left by crashed tempering processes")
     return 0
-
-
-def _cmd_grade(args: argparse.Namespace) -> int:
-    import json
-
-    from rich.console import Console
-
-    from tempering.reward import Grader
-    from tempering.reward.report import render
-    from tempering.tasks import FileTree, load_task
-
-    task = load_task(args.task_dir)
-    if not args.workspace.is_dir():
-        raise _UsageError(f"--workspace {args.workspace}: not a directory")
-
-    files = FileTree.read(args.workspace)
-    if args.overlay:  # DIR holds only the files that differ from the task's workspace
-        files = task.workspace.overlay(dict(files.files), dict(files.modes))
-
-    async def run() -> RewardResult:
-        async with Grader() as grader:
-            return await grader.grade_files(task, files)
-
-    result = asyncio.run(run())
-    if not args.json:
-        Console(stderr=True).print(render(result, f"{task.id}: {args.workspace}"))
-    print(json.dumps(result.model_dump(mode="json"), indent=None if args.json else 2))
-    return 0
-
-
-def _cmd_tasks_validate(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from tempering.tasks import load_task
-    from tempering.tasks.humaneval import load_humaneval
-    from tempering.tasks.validate import validate_tasks
-
-    tasks = [t for d in args.dirs for t in ([*load_humaneval()] if str(d) == "humaneval"
-                                             else [load_task(d)])]
-    if not tasks:
-        raise _UsageError("give task directories to validate (or `humaneval`)")
-    console = Console(stderr=True)
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("validating", total=len(tasks))
-        results = asyncio.run(validate_tasks(
-            tasks, concurrency=args.concurrency, warm=min(args.concurrency, 8),
-            on_done=lambda _: progress.advance(bar)))
-    table = Table("task", "solution", "untouched", "verdict", title="task validation",
-                  title_justify="left")
-    for v in results:
-        if args.all or not v.ok:
-            table.add_row(v.task_id, f"{v.solution.reward:.3f}" if v.solution else "-",
-                          f"{v.untouched.reward:.3f}" if v.untouched else "-",
-                          "[green]valid" if v.ok else "[red]" + "; ".join(v.problems)[:200])
-    bad = sum(not v.ok for v in results)
-    if table.row_count:
-        console.print(table)
-    console.print(f"[bold green]{len(results)} task(s) valid" if not bad else
-                  f"[bold red]{bad} of {len(results)} task(s) invalid")
-    return 1 if bad else 0
 
 
 # ---- parser ----
@@ -349,9 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run episodes through a SandboxPool: allocate a sandbox, run a small Python "
                     "program, check its output, release; then print latency percentiles and "
                     "outcomes.", epilog=_DEMO_EPILOG)
-    demo.add_argument("--episodes", type=_positive_int, default=300, metavar="N",
+    demo.add_argument("--episodes", type=positive_int, default=300, metavar="N",
                       help="episodes to run (default: 300)")
-    demo.add_argument("--concurrency", type=_positive_int, default=32, metavar="C",
+    demo.add_argument("--concurrency", type=positive_int, default=32, metavar="C",
                       help="episodes in flight at once, and the pool's max_instances "
                            "(default: 32)")
     _add_spec_options(demo, ["memory_mb", "cpus", "storage"])
@@ -374,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                      help="the command and its arguments")
     run.set_defaults(func=_cmd_sandbox_run)
-    sandbox.set_defaults(func=lambda _: _help(sandbox))
+    sandbox.set_defaults(func=lambda _: help_of(sandbox))
 
     doctor = commands.add_parser(
         "doctor", help="check that this host can run local sandboxes",
@@ -391,60 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "were removed (on cgroup v1, a sandbox has one per controller). Safe while "
                     "other tempering processes run: only dead owners' leftovers are touched.")
     reclaim.set_defaults(func=_cmd_reclaim)
-    _add_task_commands(commands)
-    parser.set_defaults(func=lambda _: _help(parser))
+    from tempering.tasks.commands import add_task_commands
+
+    add_task_commands(commands)
+    parser.set_defaults(func=lambda _: help_of(parser))
     return parser
 
 
-_GRADE_EPILOG = """\
-examples:
-  tempering grade examples/tasks/median --workspace my-attempt/
-  tempering grade examples/tasks/slugify --overlay --workspace examples/tasks/slugify/solution
-
-The workspace directory is graded like an agent's final workspace (a file of the task's
-workspace missing from it counts as deleted; with --overlay, DIR holds only the files that
-differ): its edits are screened, applied to a pristine copy in a fresh sandbox, and the hidden
-tests run there. Prints a table (stderr) and the RewardResult as JSON (stdout); exit status 0 when a
-grade was produced, whatever the reward.
-"""
-
-
-def _add_task_commands(commands: Any) -> None:
-    grade = commands.add_parser(
-        "grade", help="grade a workspace directory against a task",
-        description="Grade a workspace directory against a task directory, as the trainer "
-                    "grades an episode: tamper screening, hidden tests in a fresh sandbox, "
-                    "static analysis, rules and the task's verifiers.", epilog=_GRADE_EPILOG)
-    grade.add_argument("task_dir", type=Path, metavar="TASK_DIR", help="the task directory")
-    grade.add_argument("--workspace", type=Path, required=True, metavar="DIR",
-                       help="the workspace to grade (the agent's files)")
-    grade.add_argument("--overlay", action="store_true",
-                       help="DIR holds only changed files, laid over the task's workspace")
-    grade.add_argument("--json", action="store_true", help="print only the JSON, on one line")
-    grade.set_defaults(func=_cmd_grade)
-
-    tasks = commands.add_parser("tasks", help="work with task directories",
-                                description="Work with task directories.")
-    task_commands = tasks.add_subparsers(dest="tasks_command", metavar="COMMAND")
-    validate = task_commands.add_parser(
-        "validate", help="check that tasks are valid and can teach",
-        description="Load each task (every bad field is named), then grade its reference "
-                    "solution (must score 1, with no tamper flag) and its untouched workspace "
-                    "(must score below 1). `humaneval` stands for the 164 built-in HumanEval "
-                    "tasks. Exit status 1 if any task is invalid.",
-        epilog="examples:\n  tempering tasks validate examples/tasks/*\n"
-               "  tempering tasks validate humaneval --concurrency 8\n")
-    validate.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
-                          help="task directories, or `humaneval`")
-    validate.add_argument("--concurrency", type=_positive_int, default=4, metavar="C",
-                          help="tasks validated at once (default: 4)")
-    validate.add_argument("--all", action="store_true",
-                          help="list every task, not only the invalid ones")
-    validate.set_defaults(func=_cmd_tasks_validate)
-    tasks.set_defaults(func=lambda _: _help(tasks))
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
+def help_of(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 
@@ -466,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"tempering: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except (ConfigError, _UsageError) as exc:
+    except (ConfigError, UsageError) as exc:
         print(f"tempering: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except TemperingError as exc:

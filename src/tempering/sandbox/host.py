@@ -8,15 +8,21 @@ and ``volumes()`` start the spawner and mount the copy-on-write volume pool on f
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
+import logging
 import os
 import shutil
 import signal
+import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cache
 
-from tempering.errors import SandboxUnavailableError
+from tempering.errors import SandboxError, SandboxUnavailableError
 from tempering.sandbox import cgroup
+from tempering.sandbox.files import as_user
 from tempering.sandbox.forkserver import Spawner
 from tempering.sandbox.native import home, native_binary
 from tempering.sandbox.volumes import BtrfsPool
@@ -33,6 +39,9 @@ class Host:
     tag: str
     uid: int
     gid: int
+
+
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -115,6 +124,71 @@ def why_no_volumes() -> str | None:
     """Why ``auto`` storage fell back to ``memory`` on this host; None if it did not."""
     storage_for("auto")
     return _no_volumes
+
+
+class SpareVolumes:
+    """Empty volumes made ahead on a worker thread, so a start renames one (microseconds)
+    instead of creating it (half a millisecond). Named ``<owner tag>.spare-N``: reclaim()
+    removes them with their owner."""
+
+    KEEP = 4  # per size
+
+    def __init__(self) -> None:
+        self._ready: dict[int, collections.deque[str]] = collections.defaultdict(
+            collections.deque)
+        self._making: collections.Counter[int] = collections.Counter()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    def take(self, size: int, worker: Executor) -> str | None:
+        """A spare volume of ``size`` bytes (None if none is ready); ``worker`` makes more."""
+        with self._lock:
+            ready = self._ready[size]
+            name = ready.popleft() if ready else None
+            missing = self.KEEP - len(ready) - self._making[size]
+            self._making[size] += max(missing, 0)
+        for _ in range(missing):
+            worker.submit(self._make, size)
+        return name
+
+    def _make(self, size: int) -> None:
+        name = f"{host().tag}.spare-{next(self._ids)}"
+        try:
+            make_volume(name, size)
+        except (OSError, SandboxError) as exc:
+            log.warning("making a spare volume failed: %s", exc)
+            name = ""
+        with self._lock:
+            self._making[size] -= 1
+            if name:
+                self._ready[size].append(name)
+
+    def destroy_all(self) -> None:
+        with self._lock:
+            names = [n for ready in self._ready.values() for n in ready]
+            self._ready.clear()
+        for name in names:
+            with contextlib.suppress(OSError, SandboxError):
+                volumes().destroy(name)
+
+
+def make_volume(name: str, size: int) -> None:
+    """An empty volume with a workdir and /tmp owned by the sandbox user."""
+    h = host()
+    path = volumes().create(name, size)
+    os.chown(path, h.uid, h.gid)
+    with as_user(h.uid, h.gid):
+        os.mkdir(path / "workspace", 0o755)
+        os.mkdir(path / "tmp", 0o1777)
+        os.chmod(path / "tmp", 0o1777)
+
+
+
+
+
+@cache
+def spare_volumes() -> SpareVolumes:
+    return SpareVolumes()
 
 
 def _reclaim_volumes() -> set[str]:

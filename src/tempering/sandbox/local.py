@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import contextlib
 import itertools
 import json
@@ -31,7 +30,6 @@ import os
 import secrets
 import signal
 import socket
-import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,9 +41,17 @@ from tempering.errors import (
 )
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
-from tempering.sandbox.files import Storage, as_user
+from tempering.sandbox.files import Storage
 from tempering.sandbox.forkserver import InitChannel
-from tempering.sandbox.host import host, reclaim, spawner, storage_for, volumes
+from tempering.sandbox.host import (
+    host,
+    make_volume,
+    reclaim,
+    spare_volumes,
+    spawner,
+    storage_for,
+    volumes,
+)
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
 
@@ -68,71 +74,12 @@ def _reaper() -> ThreadPoolExecutor:
 _next_cpu = itertools.count()
 
 
-class _SpareVolumes:
-    """Empty volumes made ahead on the reaper thread, so a start renames one (microseconds)
-    instead of creating it (half a millisecond). Named ``<owner tag>.spare-N``: reclaim()
-    removes them with their owner."""
-
-    KEEP = 4  # per size
-
-    def __init__(self) -> None:
-        self._ready: dict[int, collections.deque[str]] = collections.defaultdict(
-            collections.deque)
-        self._making: collections.Counter[int] = collections.Counter()
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-
-    def take(self, size: int) -> str | None:
-        with self._lock:
-            ready = self._ready[size]
-            name = ready.popleft() if ready else None
-            missing = self.KEEP - len(ready) - self._making[size]
-            self._making[size] += max(missing, 0)
-        for _ in range(missing):
-            _reaper().submit(self._make, size)
-        return name
-
-    def _make(self, size: int) -> None:
-        name = f"{host().tag}.spare-{next(self._ids)}"
-        try:
-            _make_volume(name, size)
-        except (OSError, SandboxError) as exc:
-            log.warning("making a spare volume failed: %s", exc)
-            name = ""
-        with self._lock:
-            self._making[size] -= 1
-            if name:
-                self._ready[size].append(name)
-
-    def destroy_all(self) -> None:
-        with self._lock:
-            names = [n for ready in self._ready.values() for n in ready]
-            self._ready.clear()
-        for name in names:
-            with contextlib.suppress(OSError, SandboxError):
-                volumes().destroy(name)
-
-
-def _make_volume(name: str, size: int) -> None:
-    """An empty volume with a workdir and /tmp owned by the sandbox user."""
-    h = host()
-    path = volumes().create(name, size)
-    os.chown(path, h.uid, h.gid)
-    with as_user(h.uid, h.gid):
-        os.mkdir(path / "workspace", 0o755)
-        os.mkdir(path / "tmp", 0o1777)
-        os.chmod(path / "tmp", 0o1777)
-
-
-_spares = _SpareVolumes()
-
-
 def _close_all_at_exit() -> None:
     """Nothing outlives the harness: kill what callers forgot to close, remove the cgroups."""
     for sb in list(_live):
         sb._kill_now()
     _reaper().shutdown(wait=True)
-    _spares.destroy_all()
+    spare_volumes().destroy_all()
     h = host()
     for path in h.hierarchy.owner_dirs(h.tag).values():
         with contextlib.suppress(OSError):
@@ -192,11 +139,11 @@ class LocalSandbox(Sandbox):
         """Create (or snapshot) this sandbox's volume, with a workdir and /tmp of its user."""
         pool, name, size = volumes(), self.volume_name, self.spec.disk_mb << 20
         if snapshot_of is None:
-            spare = _spares.take(size)
+            spare = spare_volumes().take(size, _reaper())
             if spare is not None:
                 os.rename(pool.path(spare), pool.path(name))
             else:
-                _make_volume(name, size)
+                make_volume(name, size)
             self._volume = name
         else:
             pool.snapshot(snapshot_of, name, size)

@@ -1,0 +1,60 @@
+"""``tempering doctor``: can this host run local sandboxes, and what to do if not."""
+
+from __future__ import annotations
+
+
+async def doctor_checks() -> list[tuple[str, bool | None, str]]:
+    """(check, passed, details or the fix); None: skipped because an earlier check failed."""
+    import time
+
+    from tempering.sandbox import SandboxSpec, open_sandbox
+    from tempering.sandbox.host import host, volumes, why_no_volumes
+
+    names = ["local backend prerequisites", "start a sandbox", "storage", "python3 in the sandbox",
+             "pytest in the sandbox", "memory limit enforced"]
+    rows: list[tuple[str, bool | None, str]] = []
+
+    def skip_rest() -> list[tuple[str, bool | None, str]]:
+        return rows + [(n, None, "skipped") for n in names[len(rows):]]
+
+    try:
+        h = host()
+    except Exception as exc:  # whatever stops the backend is this check's finding
+        rows.append((names[0], False, str(exc)))
+        return skip_rest()
+    rows.append((names[0], True, f"bubblewrap {h.bwrap}, root, user namespaces, "
+                                  f"cgroup v{h.hierarchy.version}"))
+    spec = SandboxSpec(memory_mb=128, timeout_s=30)
+    start = time.perf_counter()
+    try:
+        sandbox = await open_sandbox(spec)
+    except Exception as exc:
+        rows.append((names[1], False, f"{exc}; run `tempering reclaim` and try again"))
+        return skip_rest()
+    async with sandbox:
+        rows.append((names[1], True, f"started in {(time.perf_counter() - start) * 1000:.0f} ms"))
+        why = why_no_volumes()
+        rows.append((names[2], True, "auto is volume: copy-on-write btrfs volumes at "
+                     f"{volumes().root}, fork is a snapshot" if why is None else
+                     f"auto is memory (fork copies the files): no volumes because {why}"))
+        checks = [
+            ("python3 --version", "install Python 3 on the host (`apt-get install -y python3`); "
+                                  "sandboxes see the host's system read-only"),
+            ("python3 -c 'import pytest; print(\"pytest\", pytest.__version__)'",
+             "install pytest for the host's python3 (`apt-get install -y python3-pytest`)"),
+        ]
+        for name, (cmd, fix) in zip(names[3:5], checks, strict=True):
+            result = await sandbox.exec(cmd)
+            if not result.ok:
+                why = result.stderr.strip()[-120:] or f"exit {result.exit_code}"
+                rows.append((name, False, f"`{cmd}` failed ({why}); {fix}"))
+                return skip_rest()
+            rows.append((name, True, result.stdout.strip()))
+        result = await sandbox.exec(["python3", "-c", "b'x' * (512 << 20)"])
+        if result.oom_killed:
+            rows.append((names[5], True, "512 MB in a 128 MB sandbox was killed"))
+        else:
+            rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
+                         f"(exit {result.exit_code}); check that the cgroup memory controller "
+                         "is enabled"))
+    return rows
