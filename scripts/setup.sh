@@ -21,6 +21,7 @@ command -v cc >/dev/null || need+=(gcc)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3 python3-pytest)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v ps >/dev/null || need+=(procps)
+command -v dockerd >/dev/null || need+=(docker.io)           # the docker backend's engine
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -43,3 +44,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "$digest" > "$stamp"
 fi
 .venv/bin/tempering doctor >/dev/null 2>&1 || .venv/bin/tempering doctor
+
+# The docker backend: start the engine when none answers (no systemd here, or it is down), then
+# build the default image from this host's packages (cached: a no-op when it exists).
+if [ "${TEMPERING_NO_DOCKER:-0}" != 1 ]; then
+    if ! docker info >/dev/null 2>&1; then
+        echo "setup: starting dockerd"
+        mkdir -p /var/log/tempering
+        nohup dockerd >/var/log/tempering/dockerd.log 2>&1 &
+        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    fi
+    if docker info >/dev/null 2>&1; then
+        .venv/bin/tempering image build >/dev/null || .venv/bin/tempering image build
+    else
+        echo "setup: dockerd did not start (see /var/log/tempering/dockerd.log); the docker" \
+             "backend's tests will be skipped" >&2
+    fi
+fi

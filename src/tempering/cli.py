@@ -186,6 +186,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_image_build(args: argparse.Namespace) -> int:
+    import time
+
+    from tempering.sandbox.image import build_default_image
+
+    start = time.perf_counter()
+    ref = asyncio.run(build_default_image(force=args.force))
+    print(ref)
+    print(f"ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return 0
+
+
 def _cmd_reclaim(args: argparse.Namespace) -> int:
     from tempering.sandbox.local import LocalSandbox
 
@@ -272,6 +284,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "were removed (on cgroup v1, a sandbox has one per controller). Safe while "
                     "other tempering processes run: only dead owners' leftovers are touched.")
     reclaim.set_defaults(func=_cmd_reclaim)
+    image = commands.add_parser("image", help="build the docker backend's images",
+                                description="Build the docker backend's images.")
+    image_commands = image.add_subparsers(dest="image_command", metavar="COMMAND")
+    build = image_commands.add_parser(
+        "build", help="build the default image (Python 3 with pytest) from this host's packages",
+        description="Build the docker backend's default image, tempering/python:<digest> (also "
+                    "tagged latest), from this host's installed Debian packages: the dependency "
+                    "closure of python3, python3-pytest, a shell and the usual tools, with an "
+                    "unprivileged user (uid 1000). Nothing is pulled. Cached: when the image "
+                    "for the installed package versions exists, nothing is done. Prints the "
+                    "image reference.")
+    build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    build.set_defaults(func=_cmd_image_build)
+    image.set_defaults(func=lambda _: help_of(image))
+
     from tempering.tasks.commands import add_task_commands
 
     add_task_commands(commands)

@@ -1,0 +1,219 @@
+"""The docker backend's default image, built from this host's own packages: no registry.
+
+No image can be pulled on these machines (nor on many users' clusters), so ``tempering image
+build`` makes one from what is installed here: the dependency closure of a few Debian packages
+(Python 3 with pytest, a shell and the usual tools), read from dpkg's database, each package's
+files copied as they are on disk (links kept as links), plus a synthetic ``/etc`` (an
+unprivileged ``user``, uid 1000) and empty ``/workspace`` and ``/tmp``. The tar is streamed to
+the engine's image import; nothing touches the network.
+
+The tag is a digest of the packages and versions and of everything synthetic, so building is
+cached (the same host gives the same tag, and an existing tag is not rebuilt) and repeatable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import subprocess
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tempering.errors import SandboxUnavailableError
+from tempering.sandbox.engine import Engine
+
+REPOSITORY = "tempering/python"
+BUILDER = "1"  # bump when the layout below changes: it is part of the tag
+PACKAGES = ("python3", "python3-pytest", "bash", "dash", "coreutils", "grep", "sed", "mawk",
+            "findutils", "diffutils", "procps", "tar", "gzip", "util-linux")
+SKIP = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/info/", "/usr/share/locale/",
+        "/usr/share/lintian/", "/usr/local/")
+USER_UID = 1000
+SYNTHETIC = {
+    "etc/passwd": f"root:x:0:0:root:/root:/bin/sh\nuser:x:{USER_UID}:{USER_UID}:sandbox user:"
+                  "/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "etc/group": f"root:x:0:\nuser:x:{USER_UID}:\nnogroup:x:65534:\n",
+    "etc/hostname": "sandbox\n",
+    "etc/hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+}
+# (path, mode, owner uid) of the empty directories every sandbox needs
+DIRECTORIES = (("tmp", 0o1777, 0), ("workspace", 0o755, USER_UID), ("proc", 0o555, 0),
+               ("dev", 0o755, 0), ("sys", 0o555, 0), ("run", 0o755, 0), ("root", 0o700, 0),
+               ("var", 0o755, 0), (".tempering", 0o755, 0))
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    arch: str
+
+
+def installed() -> dict[str, tuple[Package, list[list[str]], list[str]]]:
+    """Every installed package: itself, its dependencies (alternatives grouped), what it
+    provides; read from dpkg in one call."""
+    try:
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${Architecture}\t${Status}\t"
+             "${Pre-Depends}\t${Depends}\t${Provides}\n"],
+            capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise SandboxUnavailableError(
+            f"cannot read the installed packages with dpkg-query ({exc}): building the image "
+            "needs a Debian or Ubuntu host") from None
+    packages: dict[str, tuple[Package, list[list[str]], list[str]]] = {}
+    for line in out.splitlines():
+        name, version, arch, status, pre, deps, provides = line.split("\t")
+        if not status.endswith(" installed"):
+            continue
+        groups = [[alt.split()[0].split(":")[0] for alt in dep.split("|")]
+                  for dep in f"{pre}, {deps}".split(",") if dep.strip()]
+        packages[name] = (Package(name, version, arch), groups,
+                          [p.split()[0] for p in provides.split(",") if p.strip()])
+    return packages
+
+
+def closure(roots: Sequence[str]) -> list[Package]:
+    """The installed packages ``roots`` need, dependencies included, sorted by name."""
+    db = installed()
+    providers: dict[str, str] = {}
+    for name, (_, _, provides) in db.items():
+        for virtual in provides:
+            providers.setdefault(virtual, name)
+    missing = [r for r in roots if r not in db]
+    if missing:
+        raise SandboxUnavailableError(
+            f"the image needs these packages installed on this host: {', '.join(missing)}; "
+            f"`apt-get install -y {' '.join(missing)}`")
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for group in db[name][1]:
+            choice = next((alt for alt in group if alt in db), None) or next(
+                (providers[alt] for alt in group if alt in providers), None)
+            if choice is not None and choice not in seen:
+                todo.append(choice)
+    return sorted((db[n][0] for n in seen), key=lambda p: p.name)
+
+
+def files_of(package: Package) -> list[str]:
+    """Absolute paths dpkg installed for ``package``, minus documentation."""
+    info = Path("/var/lib/dpkg/info")
+    for name in (f"{package.name}:{package.arch}.list", f"{package.name}.list"):
+        if (info / name).exists():
+            return [p for p in (info / name).read_text().splitlines()
+                    if p and p != "/." and not p.startswith(SKIP)]
+    return []
+
+
+def image_tag(packages: Sequence[Package]) -> str:
+    digest = hashlib.sha256(BUILDER.encode())
+    for p in packages:
+        digest.update(f"{p.name}={p.version}:{p.arch}\n".encode())
+    for path, text in sorted(SYNTHETIC.items()):
+        digest.update(f"{path}\0{text}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+class _Chunks(io.RawIOBase):
+    """A write-only file whose writes are collected for a generator to hand out."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data, self.parts = b"".join(self.parts), []
+        return data
+
+
+def rootfs_tar(packages: Sequence[Package]) -> Iterator[bytes]:
+    """The image's root filesystem as a stream of tar chunks."""
+    sink = _Chunks()
+    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT)
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged /usr links
+        if os.path.islink(f"/{name}"):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(f"/{name}")
+            tar.addfile(info)
+    for path, mode, uid in (("etc", 0o755, 0), *DIRECTORIES):
+        info = tarfile.TarInfo(path)
+        info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, uid
+        tar.addfile(info)
+    for path, text in SYNTHETIC.items():
+        data = text.encode()
+        info = tarfile.TarInfo(path)
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    if os.path.exists("/etc/ld.so.cache"):
+        tar.add("/etc/ld.so.cache", "etc/ld.so.cache")
+    added: set[str] = ({"etc", "etc/ld.so.cache", *SYNTHETIC, *(d for d, _, _ in DIRECTORIES)}
+                       | {n for n in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+                          if os.path.islink(f"/{n}")})
+    for package in packages:
+        for host_path in files_of(package):
+            # Merged /usr: /bin/sh is really /usr/bin/sh; store the canonical path.
+            parent = os.path.realpath(os.path.dirname(host_path))
+            path = os.path.join(parent, os.path.basename(host_path)).lstrip("/")
+            if path in added or path.startswith(("etc/shadow", "etc/gshadow")):
+                continue
+            try:
+                mode = os.lstat(host_path).st_mode
+            except OSError:
+                continue  # listed but removed since
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                continue
+            for ancestor in _ancestors(path):
+                if ancestor not in added:
+                    added.add(ancestor)
+                    tar.add(f"/{ancestor}", ancestor, recursive=False)
+            added.add(path)
+            tar.add(host_path, path, recursive=False)
+            if sum(len(p) for p in sink.parts) >= 1 << 20:
+                yield sink.take()
+    tar.close()
+    yield sink.take()
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+async def build_default_image(engine: Engine | None = None, *, force: bool = False,
+                              on_progress: object = None) -> str:
+    """Build (or find) the default image; returns its reference ``tempering/python:<tag>``."""
+    engine = engine or Engine()
+    await engine.ping()
+    packages = closure(PACKAGES)
+    ref = f"{REPOSITORY}:{image_tag(packages)}"
+    if not force and await engine.image_id(ref) is not None:
+        return ref
+    params = {"fromSrc": "-", "repo": REPOSITORY, "tag": ref.split(":")[1],
+              "changes": ["WORKDIR /workspace", f"USER {USER_UID}:{USER_UID}",
+                          'CMD ["/bin/sh"]', "ENV LANG=C.UTF-8"]}
+    async for _ in engine.stream("POST", "/images/create", params=params,
+                                 data=rootfs_tar(packages), content_type="application/x-tar",
+                                 what=f"importing image {ref}"):
+        pass
+    if await engine.image_id(ref) is None:
+        raise SandboxUnavailableError(f"the engine did not keep image {ref} after the import")
+    await engine.request("POST", f"/images/{ref}/tag", params={"repo": REPOSITORY,
+                                                                "tag": "latest"},
+                         what=f"tagging {ref} as {REPOSITORY}:latest")
+    return ref
