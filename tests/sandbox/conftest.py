@@ -1,51 +1,72 @@
 """Fixtures for the sandbox suites, parameterised over every backend that runs here.
 
 The conformance and security suites are written once against the contract; each backend joins
-by adding its name to BACKENDS (the docker backend will), and each runs with both storages. A
-backend or storage that cannot run on this host is skipped with the reason it gave, never
-silently passed.
+by adding its name to BACKENDS, and each runs with every storage it has. A backend or storage
+that cannot run on this host is skipped with the reason it gave, never silently passed.
 """
 
 from __future__ import annotations
 
+import asyncio
+from functools import cache
+
 import pytest
 
-from tempering.errors import SandboxUnavailableError
+from tempering.errors import SandboxError, SandboxUnavailableError
 from tempering.sandbox import SandboxSpec, open_sandbox
 
-BACKENDS = ["local"]
+BACKENDS = ["local", "docker"]
 STORAGES = ["memory", "volume"]
 
 
+@cache
 def _available(backend: str) -> str | None:
     try:
         if backend == "local":
             from tempering.sandbox.local import host
 
             host()
-    except SandboxUnavailableError as exc:
+        elif backend == "docker":
+            from tempering.sandbox.docker import default_image
+            from tempering.sandbox.engine import Engine
+
+            async def image() -> str | None:
+                return await Engine().image_id(default_image())
+
+            if asyncio.run(image()) is None:
+                return f"no image {default_image()}: run `tempering image build`"
+    except (SandboxUnavailableError, SandboxError) as exc:
         return str(exc)
     return None
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    why = _available(request.param)
+VARIANTS = [(b, st) for b in BACKENDS for st in STORAGES]
+
+
+@pytest.fixture(params=VARIANTS, ids=[f"{b}-{st}" for b, st in VARIANTS])
+def variant(request: pytest.FixtureRequest) -> tuple[str, str]:
+    backend, storage = request.param
+    why = _available(backend)
     if why:
-        pytest.skip(f"{request.param} backend unavailable: {why}")
-    return request.param
-
-
-@pytest.fixture(params=STORAGES)
-def storage(request: pytest.FixtureRequest, backend: str) -> str:
-    if request.param == "volume":
+        pytest.skip(f"{backend} backend unavailable: {why}")
+    if storage == "volume":
         try:
             from tempering.sandbox.local import volumes
 
             volumes()
         except SandboxUnavailableError as exc:
             pytest.skip(f"volume storage unavailable: {exc}")
-    return request.param
+    return backend, storage
+
+
+@pytest.fixture
+def backend(variant: tuple[str, str]) -> str:
+    return variant[0]
+
+
+@pytest.fixture
+def storage(variant: tuple[str, str]) -> str:
+    return variant[1]
 
 
 @pytest.fixture
@@ -64,3 +85,11 @@ def make_spec(backend: str, storage: str):  # type: ignore[no-untyped-def]
 async def sb(make_spec):  # type: ignore[no-untyped-def]
     async with open_sandbox(make_spec()) as sandbox:
         yield sandbox
+
+
+@pytest.fixture
+def docker_ready() -> None:
+    """Skip, with the reason, where the docker backend cannot run."""
+    why = _available("docker")
+    if why:
+        pytest.skip(f"docker backend unavailable: {why}")

@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from tempering.errors import SandboxError, SandboxUnavailableError
 from tempering.sandbox import cgroup
@@ -172,15 +173,18 @@ class SpareVolumes:
                 volumes().destroy(name)
 
 
-def make_volume(name: str, size: int) -> None:
-    """An empty volume with a workdir and /tmp owned by the sandbox user."""
-    h = host()
+def make_volume(name: str, size: int, uid: int | None = None, gid: int | None = None) -> Path:
+    """An empty volume with a workdir and /tmp owned by the sandbox user (host ids; by default
+    the local backend's)."""
+    if uid is None or gid is None:
+        uid, gid = host().uid, host().gid
     path = volumes().create(name, size)
-    os.chown(path, h.uid, h.gid)
-    with as_user(h.uid, h.gid):
+    os.chown(path, uid, gid)
+    with as_user(uid, gid):
         os.mkdir(path / "workspace", 0o755)
         os.mkdir(path / "tmp", 0o1777)
         os.chmod(path / "tmp", 0o1777)
+    return path
 
 
 

@@ -27,11 +27,12 @@ from tempering.errors import SandboxUnavailableError
 from tempering.sandbox.engine import Engine
 
 REPOSITORY = "tempering/python"
-BUILDER = "1"  # bump when the layout below changes: it is part of the tag
+BUILDER = "2"  # bump when the layout below changes: it is part of the tag
 PACKAGES = ("python3", "python3-pytest", "bash", "dash", "coreutils", "grep", "sed", "mawk",
             "findutils", "diffutils", "procps", "tar", "gzip", "util-linux")
 SKIP = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/info/", "/usr/share/locale/",
-        "/usr/share/lintian/", "/usr/local/")
+        "/usr/share/lintian/", "/usr/local/", "/home", "/root", "/boot", "/srv", "/media",
+        "/mnt", "/opt")
 USER_UID = 1000
 SYNTHETIC = {
     "etc/passwd": f"root:x:0:0:root:/root:/bin/sh\nuser:x:{USER_UID}:{USER_UID}:sandbox user:"
@@ -43,8 +44,8 @@ SYNTHETIC = {
 }
 # (path, mode, owner uid) of the empty directories every sandbox needs
 DIRECTORIES = (("tmp", 0o1777, 0), ("workspace", 0o755, USER_UID), ("proc", 0o555, 0),
-               ("dev", 0o755, 0), ("sys", 0o555, 0), ("run", 0o755, 0), ("root", 0o700, 0),
-               ("var", 0o755, 0), (".tempering", 0o755, 0))
+               ("dev", 0o755, 0), ("sys", 0o555, 0), ("run", 0o755, 0), ("var", 0o755, 0),
+               (".tempering", 0o755, 0))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 /*
- * tempering-init: PID 1 of a local sandbox.
+ * tempering-init: PID 1 of a local sandbox (and of a docker backend's container).
  *
- * bubblewrap builds the namespaces and the read-only root, then executes this program as the
- * sandbox's first process. It does three things and nothing else:
+ * bubblewrap (or the Docker engine) builds the namespaces and the read-only root, then executes
+ * this program as the sandbox's first process. It does three things and nothing else:
  *
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
  *      size-limited tmpfs and binds two directories of it at the workdir and /tmp, so both count
@@ -54,6 +54,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -438,15 +439,31 @@ static void reap(void) {
     }
 }
 
+/* The control socket: an inherited fd (bubblewrap passes one), or "unix:PATH", a listening
+ * SOCK_SEQPACKET socket the host bound into the container, which accepts this one connection. */
+static int control_channel(const char *arg) {
+    if (strncmp(arg, "unix:", 5) != 0) return atoi(arg);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(arg + 5) >= sizeof addr.sun_path) { fprintf(stderr, "control path too long\n"); exit(2); }
+    strcpy(addr.sun_path, arg + 5);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        fprintf(stderr, "tempering-init: cannot connect to %s: %s\n", arg + 5, strerror(errno));
+        exit(2);
+    }
+    return fd;
+}
+
 int main(int argc, char **argv) {
     if (argc != 6) {
         fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID (run by the sandbox)\n");
         return 2;
     }
-    CTL_FD = atoi(argv[1]);
+    CTL_FD = control_channel(argv[1]);
     unsigned long long disk = strtoull(argv[2], NULL, 10);
     if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
-    become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
+    /* In a container the engine already made us the unprivileged user, with no capability. */
+    if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
     install_seccomp();
 
     sigset_t mask;

@@ -11,11 +11,12 @@ import posixpath
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Backends by name, imported on use ("module:Class"). A new backend is a new file and a line here.
 BACKENDS: dict[str, str] = {
     "local": "tempering.sandbox.local:LocalSandbox",
+    "docker": "tempering.sandbox.docker:DockerSandbox",
 }
 
 _SYSTEM_DIRS = {"/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys",
@@ -58,6 +59,9 @@ class SandboxSpec(BaseModel):
     """Environment variables for every command, on top of a minimal default (PATH, HOME, LANG)."""
     rootfs: str | None = None
     """Directory holding another root filesystem, mounted read-only; default: this host's system."""
+    image: str | None = None
+    """Container image of the docker backend; default: tempering/python:latest, which
+    ``tempering image build`` makes from this host's packages (no registry is used)."""
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Wall-clock limit of a command when ``exec`` is given no timeout."""
     output_limit_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
@@ -115,6 +119,15 @@ class SandboxSpec(BaseModel):
         if not os.path.exists(os.path.join(value, "bin", "sh")):
             raise ValueError(f"rootfs {value!r} has no bin/sh; point it at a root filesystem")
         return os.path.realpath(value)
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> SandboxSpec:
+        if self.image is not None and self.backend != "docker":
+            raise ValueError(f"image={self.image!r} is for the docker backend; the "
+                             f"{self.backend} backend takes a root filesystem (rootfs)")
+        if self.rootfs is not None and self.backend == "docker":
+            raise ValueError("rootfs is for the local backend; the docker backend takes an image")
+        return self
 
     def key(self) -> str:
         """A stable text key: equal specs give equal keys (pools group warm sandboxes by it)."""

@@ -1,0 +1,321 @@
+"""The ``docker`` backend: each sandbox is a container on a real Docker engine.
+
+The engine provides the isolation (namespaces, cgroups, its default seccomp profile) and the
+image; everything else is the same machinery as the local backend, so the two cannot drift:
+
+- The container's PID 1 is ``init.c``, bound in read-only from the host. It connects back to a
+  SOCK_SEQPACKET socket the host listens on in a per-sandbox directory bound into the container
+  (the socket is unlinked once the init is connected, so nothing else can connect), and from
+  then on it is the same fork server: ``exec`` costs one fork inside the container, timeouts
+  kill the command's whole process tree inside, output is read by the event loop. No ``docker``
+  CLI runs on any path; the engine is called through its API (``engine.py``) to create, start
+  and remove the container only.
+- Hardened by default: no network, all capabilities dropped, ``no-new-privileges``, read-only
+  root, a size-limited tmpfs for the workdir and for /tmp, memory/pids/cpu limits, uid 1000,
+  the engine's default seccomp profile with init's own filter on top.
+- Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir
+  and /tmp (one ``disk_mb`` budget; ``fork`` is a snapshot), or, without volumes, two tmpfs
+  of half of ``disk_mb`` each (``fork`` copies). The file API works from the host with the
+  same kernel-confined resolution (``files.py``), on the volume or through
+  ``/proc/<init>/root``.
+- Containers carry the labels ``tempering.owner`` (the owning process's tag) and
+  ``tempering.sandbox``; ``reclaim()`` removes those of owners that no longer run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import shutil
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tempering.errors import SandboxClosedError, SandboxError, SandboxStartError
+from tempering.sandbox import cgroup
+from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
+from tempering.sandbox.engine import Engine, EngineError
+from tempering.sandbox.files import Storage
+from tempering.sandbox.forkserver import InitChannel
+from tempering.sandbox.host import make_volume, storage_for, volumes
+from tempering.sandbox.image import REPOSITORY, USER_UID
+from tempering.sandbox.native import home, native_binary
+from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+
+START_TIMEOUT_S = 60.0
+OWNER_LABEL, SANDBOX_LABEL = "tempering.owner", "tempering.sandbox"
+
+
+def default_image() -> str:
+    return f"{REPOSITORY}:latest"
+
+
+class DockerSandbox(Sandbox):
+    """A sandbox that is one container on the local Docker engine."""
+
+    _reclaimed = False
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.id = f"sbx-{secrets.token_hex(6)}"
+        self.image = spec.image or default_image()
+        self.storage = storage_for(spec.storage)
+        """``volume`` (a btrfs volume of the host's pool bound in; fork is a snapshot) or
+        ``memory`` (two tmpfs of half of disk_mb each; fork copies)."""
+        self._volume: str | None = None
+        self._engine = Engine()
+        self._tag = cgroup.owner_tag()
+        self._container: str | None = None
+        self._channel: InitChannel | None = None
+        self._init_pid = 0
+        self._control_dir = home() / "docker" / f"{self._tag}.{self.id}"
+        self._storage: Storage | None = None
+        self._closed = False
+        self._dead: str | None = None
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec) -> DockerSandbox:
+        if not DockerSandbox._reclaimed:
+            DockerSandbox._reclaimed = True
+            await cls.reclaim_async()
+        sb = cls(spec)
+        try:
+            await sb._start()
+        except BaseException:
+            await sb.close()
+            raise
+        return sb
+
+    @classmethod
+    async def reclaim_async(cls) -> int:
+        """Remove the containers (and control directories) of owners that no longer run."""
+        engine = Engine()
+        removed = 0
+        for container in await engine.containers(OWNER_LABEL):
+            owner = container.get("Labels", {}).get(OWNER_LABEL, "")
+            if not cgroup.owner_alive(owner):
+                await engine.remove(container["Id"])
+                removed += 1
+        base = home() / "docker"
+        if base.is_dir():
+            for entry in base.iterdir():
+                if not cgroup.owner_alive(entry.name.split(".")[0]):
+                    shutil.rmtree(entry, ignore_errors=True)
+        return removed
+
+    def _config(self, init: Path) -> dict[str, Any]:
+        spec = self.spec
+        size = (spec.disk_mb << 20) // 2  # two tmpfs: together at most disk_mb
+        inodes = max(size >> 10, 64)  # one inode per KiB, as the local backend: empty files too
+        user = f"uid={USER_UID},gid={USER_UID},nr_inodes={inodes}"
+        storage: dict[str, Any] = {
+            "Tmpfs": {spec.workdir: f"rw,exec,nosuid,nodev,size={size},mode=0755,{user}",
+                      "/tmp": f"rw,exec,nosuid,nodev,size={size},mode=1777,{user}"}}
+        binds = [f"{init}:/.tempering/init:ro", f"{self._control_dir}:/.tempering/control"]
+        if self._volume is not None:  # one volume, one budget, bound at the workdir and /tmp
+            path = volumes().path(self._volume)
+            storage = {}
+            binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp"]
+        return {
+            "Image": self.image, "User": f"{USER_UID}:{USER_UID}", "WorkingDir": spec.workdir,
+            "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
+                                                        SANDBOX_LABEL: self.id},
+            "Cmd": ["/.tempering/init", "unix:/.tempering/control/socket", "0", spec.workdir,
+                    str(USER_UID), str(USER_UID)],
+            "NetworkDisabled": not spec.network,
+            "HostConfig": {
+                "NetworkMode": "bridge" if spec.network else "none",
+                "Memory": spec.memory_mb << 20, "MemorySwap": spec.memory_mb << 20,
+                "PidsLimit": spec.pids, "NanoCpus": int(spec.cpus * 1e9),
+                "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"],
+                "ReadonlyRootfs": True, "Init": False, "Binds": binds, **storage,
+            },
+        }
+
+    async def _start(self, snapshot_of: str | None = None) -> None:
+        init = native_binary("init")
+        if self.storage == "volume":
+            name, size = f"{self._tag}.{self.id}", self.spec.disk_mb << 20
+            if snapshot_of is not None:
+                await asyncio.to_thread(volumes().snapshot, snapshot_of, name, size)
+            else:
+                await asyncio.to_thread(make_volume, name, size, USER_UID, USER_UID)
+            self._volume = name
+        self._control_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self._control_dir, 0o755)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        path = self._control_dir / "socket"
+        try:
+            listener.bind(str(path))
+            os.chmod(path, 0o666)  # the container's user connects to it
+            listener.listen(1)
+            listener.setblocking(False)
+            await self._create_container(init)
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(START_TIMEOUT_S):
+                    conn, _ = await loop.sock_accept(listener)
+            except TimeoutError:
+                raise SandboxStartError(f"sandbox {self.id}: the container's init never "
+                                        f"connected ({await self._logs()})") from None
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                path.unlink()  # nothing else can connect now
+        self._channel = InitChannel(conn, f"sandbox {self.id}", self._on_death)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await self._channel.ready
+        except (TimeoutError, SandboxError) as exc:
+            raise SandboxStartError(f"sandbox {self.id} failed to start: {exc}") from None
+        info = (await self._engine.request("GET", f"/containers/{self._container}/json",
+                                           what=f"inspecting sandbox {self.id}")).json()
+        self._init_pid = int(info["State"]["Pid"])
+        cpus = sorted(os.sched_getaffinity(0))  # so that nproc inside reports the quota
+        want = min(math.ceil(self.spec.cpus), len(cpus))
+        first = secrets.randbelow(len(cpus))
+        os.sched_setaffinity(self._init_pid, {cpus[(first + i) % len(cpus)] for i in range(want)})
+        root = f"/proc/{self._init_pid}/root"
+        roots = {self.spec.workdir: root + self.spec.workdir, "/tmp": root + "/tmp"}
+        if self._volume is not None:
+            volume = volumes().path(self._volume)
+            roots = {self.spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp")}
+        self._storage = Storage(roots, self.spec.workdir, USER_UID, USER_UID)
+
+    async def _create_container(self, init: Path) -> None:
+        try:
+            created = await self._engine.request(
+                "POST", "/containers/create", params={"name": f"tempering-{self.id}"},
+                body=self._config(init), what=f"creating sandbox {self.id}")
+        except EngineError as exc:
+            if exc.status == 404:
+                raise SandboxStartError(
+                    f"image {self.image} is not on this engine: build the default image with "
+                    "`tempering image build` (no registry is used), or name a local image in "
+                    "SandboxSpec.image") from None
+            raise
+        self._container = created.json()["Id"]
+        await self._engine.request("POST", f"/containers/{self._container}/start",
+                                   what=f"starting sandbox {self.id}")
+
+    async def _logs(self) -> str:
+        if self._container is None:
+            return "no container"
+        with contextlib.suppress(SandboxError):
+            raw = (await self._engine.request(
+                "GET", f"/containers/{self._container}/logs",
+                params={"stdout": 1, "stderr": 1, "tail": 20})).body
+            return raw.decode(errors="replace").strip()[-500:] or "no output"
+        return "no output"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._dead is not None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close("sandbox closed")
+        if self._container is not None:
+            with contextlib.suppress(SandboxError):
+                await self._engine.remove(self._container)
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        if self._volume is not None:  # the container is gone: nothing writes to it now
+            with contextlib.suppress(OSError, SandboxError):
+                await asyncio.to_thread(volumes().destroy, self._volume)
+            self._volume = None
+
+    def _on_death(self, why: str) -> None:
+        self._dead = why
+
+    # ---- Sandbox primitives ----
+
+    async def _spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
+                     stdout: Sink, stderr: Sink, stdin: bytes | object | None) -> Process:
+        ensure_open(self)
+        if self._channel is None:
+            raise SandboxClosedError(f"sandbox {self.id} is not running")
+        return self._channel.spawn(argv, env, cwd, stdout, stderr, stdin)
+
+    def _command_finished(self) -> None:
+        if self._volume is not None:  # written back while idle, so a fork stays O(1)
+            volumes().writeback().poke()
+
+    async def _oom_kills(self) -> int | None:
+        if self.closed or not self._init_pid:
+            return None
+        return _oom_kills_of(self._init_pid)
+
+    async def usage(self) -> SandboxUsage:
+        ensure_open(self)
+        return SandboxUsage(None, None, await self._oom_kills())
+
+    def _files(self) -> Storage:
+        ensure_open(self)
+        assert self._storage is not None
+        return self._storage
+
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await asyncio.to_thread(self._files().write, path, raw, mode)
+
+    async def read_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self._files().read, path)
+
+    async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
+        await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
+
+    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
+        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
+
+    async def list(self, path: str = ".") -> list[str]:
+        return await asyncio.to_thread(self._files().listdir, path)
+
+    async def fork(self) -> DockerSandbox:
+        """A new container from the same image whose workdir and /tmp are a copy of this
+        one's (processes are not copied): a snapshot of its volume, or a file copy."""
+        ensure_open(self)
+        if self._volume is not None:
+            child = DockerSandbox(self.spec)
+            try:
+                await child._start(snapshot_of=self._volume)
+            except BaseException:
+                await child.close()
+                raise
+            return child
+        child = await DockerSandbox.create(self.spec)
+        try:
+            await asyncio.to_thread(self._files().copy_into, child._files())
+        except OSError as exc:
+            await child.close()
+            raise SandboxError(f"fork of {self.id} failed copying its files: {exc}") from None
+        return child
+
+
+def _oom_kills_of(pid: int) -> int | None:
+    """OOM kills in the memory cgroup of ``pid`` (cgroup v1 or v2)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            name = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+        elif controllers == "":
+            name = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
+        else:
+            continue
+        with contextlib.suppress(OSError):
+            for entry in name.read_text().splitlines():
+                key, _, value = entry.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None

@@ -1,0 +1,63 @@
+"""What is particular to the docker backend (the shared contract is in the conformance and
+security suites, which run against it too): clear engine errors, leftovers of a crashed
+process reclaimed, the hardening the container is created with."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tempering.errors import SandboxStartError
+from tempering.sandbox import SandboxSpec, open_sandbox
+from tempering.sandbox.engine import Engine
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
+
+
+async def test_a_missing_image_names_itself_and_the_fix() -> None:
+    with pytest.raises(SandboxStartError, match=r"image tempering/nope:1 .*tempering image build"):
+        async with open_sandbox(SandboxSpec(backend="docker", image="tempering/nope:1")):
+            pass
+
+
+async def test_the_container_is_hardened() -> None:
+    async with open_sandbox(SandboxSpec(backend="docker", memory_mb=128, pids=32)) as sb:
+        info = (await Engine().request("GET", f"/containers/tempering-{sb.id}/json")).json()
+        host = info["HostConfig"]
+        assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
+        assert "no-new-privileges:true" in host["SecurityOpt"]
+        assert host["NetworkMode"] == "none" and host["Memory"] == 128 << 20
+        assert host["PidsLimit"] == 32 and info["Config"]["User"] == "1000:1000"
+        r = await sb.exec("grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
+                          "touch /usr/x 2>&1; echo sockets: $(ls -A /.tempering/control | wc -l)")
+        assert "CapEff:\t0000000000000000" in r.stdout and "NoNewPrivs:\t1" in r.stdout
+        assert "Seccomp:\t2" in r.stdout and "Read-only file system" in r.stdout
+        assert "sockets: 0" in r.stdout  # unlinked once the init connected: no one else can
+
+
+def test_reclaim_removes_a_crashed_process_containers() -> None:
+    crash = ("import asyncio, os\n"
+             "from tempering.sandbox import SandboxSpec, open_sandbox\n"
+             "async def main():\n"
+             "    sb = await open_sandbox(SandboxSpec(backend='docker'))\n"
+             "    print(sb.id, flush=True)\n"
+             "    os._exit(1)  # no cleanup: the container stays behind\n"
+             "asyncio.run(main())\n")
+    run = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1, run.stderr
+    sandbox = run.stdout.strip()
+    reclaim = ("import asyncio\n"
+               "from tempering.sandbox.docker import DockerSandbox\n"
+               "print(asyncio.run(DockerSandbox.reclaim_async()))\n")
+    done = subprocess.run([sys.executable, "-c", reclaim], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 1
+    left = subprocess.run([sys.executable, "-c",
+                           "import asyncio\nfrom tempering.sandbox.engine import Engine\n"
+                           f"print(len(asyncio.run(Engine().containers('tempering.sandbox={sandbox}'))))"],
+                          capture_output=True, text=True, timeout=60)
+    assert left.stdout.strip() == "0", left.stderr
