@@ -26,8 +26,9 @@ figure to compare across machines. Sections:
    bubblewrap children, anything in our sandbox cgroups), mounts, this process's fds and
    threads, and our sandbox cgroup directories must be back where they started. The host-wide
    process count is printed too, without a verdict: other jobs start and stop processes.
-7. docker: ``docker run --rm IMAGE true`` for a locally present image, if an engine answers;
-   vs the sandbox cold start.
+7. docker: the docker backend (with the default image, if an engine answers and the image was
+   built): cold start vs ``docker run --rm IMAGE true``; allocation from a warm pool, live exec,
+   fork and host memory per live container vs the local backend.
 
 Targets are printed with PASS/MISS; a MISS does not fail the run, a crash does (exit status 1).
 """
@@ -78,7 +79,7 @@ class Scale:
 
 
 FULL = Scale(cold_runs=200, exec_runs=2000, fork_mb=100, fork_runs=30, density=1000,
-             episodes=300, cycles=10_000, docker_runs=5)
+             episodes=300, cycles=10_000, docker_runs=20)
 QUICK = Scale(cold_runs=50, exec_runs=300, fork_mb=20, fork_runs=10, density=100,
               episodes=60, cycles=500, docker_runs=3)
 
@@ -524,17 +525,27 @@ async def command(*argv: str, limit_s: float = 20.0) -> tuple[int, str]:
 
 
 async def docker(scale: Scale, args: argparse.Namespace) -> list[Figure]:
-    if shutil.which("docker") is None or (await command("docker", "info"))[0] != 0:
-        console.print("  docker: no engine, skipped")
+    """The docker backend beside the local one and beside ``docker run --rm``."""
+    from tempering.errors import SandboxError
+    from tempering.sandbox import SandboxPool
+    from tempering.sandbox.docker import default_image
+    from tempering.sandbox.engine import Engine
+
+    try:
+        present = await Engine().image_id(default_image())
+    except SandboxError as exc:
+        console.print(f"  docker: skipped ({exc})")
         return []
-    code, images = await command("docker", "images", "-q")
-    if code != 0 or not images:
-        console.print("  docker: no image present locally, skipped")
+    if present is None or shutil.which("docker") is None:
+        console.print(f"  docker: skipped (no image {default_image()}, or no docker CLI for the "
+                      "`docker run --rm` baseline): run `tempering image build`")
         return []
-    image, spec = images.split()[0], SandboxSpec()
+    image, spec, local_spec = default_image(), SandboxSpec(backend="docker"), SandboxSpec()
+    figures: list[Figure] = []
 
     async def container() -> None:
-        code, out = await command("docker", "run", "--rm", image, "true", limit_s=60)
+        code, out = await command("docker", "run", "--rm", "--network", "none", image, "true",
+                                  limit_s=60)
         if code != 0:
             raise RuntimeError(f"docker run --rm {image} true failed ({code}): {out}")
 
@@ -542,9 +553,68 @@ async def docker(scale: Scale, args: argparse.Namespace) -> list[Figure]:
         async with open_sandbox(spec) as sb:
             check(await sb.exec(["true"]))
 
-    theirs, ours = await side_by_side(timed(container), timed(sandbox), scale.docker_runs, warmup=1)
-    return report([Figure("docker", f"docker run --rm {image} true p50", percentile(theirs, 50),
-                          "ms", percentile(ours, 50), "sandbox open+exec+close p50")])
+    ours, theirs = await side_by_side(timed(sandbox), timed(container), scale.docker_runs,
+                                      warmup=1)
+    figures += latency_figures("docker", "docker backend open+exec true+close", ours,
+                               "docker run --rm true", theirs, p50_ratio=1.2)
+
+    async def allocations(pool_spec: SandboxSpec) -> list[float]:
+        samples = []
+        async with SandboxPool(max_instances=8, warm=2, spec=pool_spec) as pool:
+            for i in range(scale.docker_runs * 4):
+                while pool.stats().warm < 1:  # noqa: ASYNC110 - the pool has no "warm" event
+                    await asyncio.sleep(0.01)  # allocation from the warm pool, as in training
+                start = time.perf_counter()
+                sb = await pool.allocate(f"t{i}", pool_spec)
+                samples.append((time.perf_counter() - start) * 1e3)
+                check(await sb.exec(["true"]))
+                await pool.release(f"t{i}")
+        return samples
+
+    figures += latency_figures("docker", "allocate from the warm pool", await allocations(spec),
+                               "local backend", await allocations(local_spec), p50_ms=5)
+    async with open_sandbox(spec) as sb, open_sandbox(local_spec) as lsb:
+        async def docker_exec() -> None:
+            check(await sb.exec(["true"]))
+
+        async def local_exec() -> None:
+            check(await lsb.exec(["true"]))
+
+        ours, theirs = await side_by_side(timed(docker_exec), timed(local_exec),
+                                          scale.exec_runs // 4)
+        figures += latency_figures("docker", "exec true in a live container", ours,
+                                   "local backend", theirs, p50_ms=20)
+        mb = min(args.fork_mb or scale.fork_mb, 20)
+        for parent in (sb, lsb):
+            check(await parent.exec(["sh", "-c", f"for i in $(seq {mb}); do head -c 1M "
+                                     "/dev/urandom > f$i; done"]))
+        await asyncio.sleep(1.0)  # written back, as after an agent's turn
+
+        async def fork_of(parent: Sandbox) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
+                child = await parent.fork()
+                await child.close()
+            return run
+
+        ours, theirs = await side_by_side(timed(await fork_of(sb)), timed(await fork_of(lsb)),
+                                          scale.docker_runs, warmup=1)
+        figures += latency_figures("docker", f"fork {mb} MiB workspace", ours, "local backend",
+                                   theirs)
+    n = scale.docker_runs * 3  # MemAvailable is noisy: enough of them to see each
+    for backend_spec, name in ((spec, "docker"), (local_spec, "local")):
+        await settle()
+        avail = meminfo()
+        live = [await create_sandbox(backend_spec) for _ in range(n)]
+        await asyncio.gather(*(sb.exec(["true"]) for sb in live))
+        await settle()
+        used = (avail - meminfo()) / n / MiB
+        await asyncio.gather(*(sb.close() for sb in live))
+        if name == "docker":
+            docker_mem = used
+        else:
+            figures.append(Figure("docker", f"host memory per live container ({n} open)",
+                                  docker_mem, "MiB", used, "local sandbox"))
+    return report(figures)
 
 
 SECTIONS: dict[str, Callable[[Scale, argparse.Namespace], Awaitable[list[Figure]]]] = {
