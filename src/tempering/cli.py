@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tempering import __version__
@@ -189,20 +190,30 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_image_build(args: argparse.Namespace) -> int:
     import time
 
-    from tempering.sandbox.image import build_default_image
+    from tempering.sandbox.image import build_default_image, build_recipe
 
     start = time.perf_counter()
-    ref = asyncio.run(build_default_image(force=args.force))
+    if args.recipe is not None:
+        ref = asyncio.run(build_recipe(args.recipe, args.tag, force=args.force))
+    else:
+        ref = asyncio.run(build_default_image(force=args.force))
     print(ref)
     print(f"ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
+    from tempering.errors import SandboxUnavailableError
+    from tempering.sandbox.docker import DockerSandbox
     from tempering.sandbox.local import LocalSandbox
 
     removed = LocalSandbox.reclaim()
     print(f"cleaned up {removed} sandbox(es) left by crashed tempering processes")
+    try:
+        containers = DockerSandbox.reclaim()
+    except SandboxUnavailableError:
+        return 0  # no engine here: nothing of the docker backend to clean
+    print(f"removed {containers} container(s) left by crashed tempering processes")
     return 0
 
 
@@ -280,9 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     reclaim = commands.add_parser(
         "reclaim", help="remove what crashed tempering processes left behind",
         description="Remove what crashed tempering processes left behind: the cgroups of "
-                    "their sandboxes, and any process still in them. Prints how many cgroups "
-                    "were removed (on cgroup v1, a sandbox has one per controller). Safe while "
-                    "other tempering processes run: only dead owners' leftovers are touched.")
+                    "their sandboxes, and any process still in them, their volumes, and (where "
+                    "a Docker engine answers) their containers. Prints how many sandboxes and "
+                    "containers were removed. Safe while other tempering processes run: only "
+                    "dead owners' leftovers are touched.")
     reclaim.set_defaults(func=_cmd_reclaim)
     image = commands.add_parser("image", help="build the docker backend's images",
                                 description="Build the docker backend's images.")
@@ -295,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "unprivileged user (uid 1000). Nothing is pulled. Cached: when the image "
                     "for the installed package versions exists, nothing is done. Prints the "
                     "image reference.")
+    build.add_argument("--recipe", type=Path, metavar="DIR",
+                       help="build a task's own image from DIR/Dockerfile, which starts FROM a "
+                            "local image (tempering/python:latest, say); nothing is pulled")
+    build.add_argument("--tag", metavar="NAME",
+                       help="tag for --recipe (default: tempering/task:<digest of DIR>)")
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     build.set_defaults(func=_cmd_image_build)
     image.set_defaults(func=lambda _: help_of(image))

@@ -61,3 +61,33 @@ def test_reclaim_removes_a_crashed_process_containers() -> None:
                            f"print(len(asyncio.run(Engine().containers('tempering.sandbox={sandbox}'))))"],
                           capture_output=True, text=True, timeout=60)
     assert left.stdout.strip() == "0", left.stderr
+
+
+async def test_a_task_recipe_builds_from_a_local_image_and_runs(tmp_path) -> None:
+    from tempering.errors import SandboxUnavailableError
+    from tempering.sandbox.image import build_recipe
+
+    (tmp_path / "Dockerfile").write_text("FROM tempering/python:latest\n"
+                                         "COPY marker.txt /opt/marker.txt\n")
+    (tmp_path / "marker.txt").write_text("from the recipe\n")
+    ref = await build_recipe(tmp_path)
+    assert ref.startswith("tempering/task:") and await build_recipe(tmp_path) == ref  # cached
+    async with open_sandbox(SandboxSpec(backend="docker", image=ref)) as sb:
+        assert (await sb.exec("cat /opt/marker.txt")).stdout == "from the recipe\n"
+    (tmp_path / "Dockerfile").write_text("FROM nowhere/none:1\n")
+    with pytest.raises(SandboxUnavailableError, match="nothing is pulled"):
+        await build_recipe(tmp_path)
+
+
+async def test_a_pool_hands_out_warm_containers() -> None:
+    from tempering.sandbox import SandboxPool
+
+    spec = SandboxSpec(backend="docker")
+    async with SandboxPool(max_instances=2, warm=1, spec=spec) as pool:
+        first = await pool.allocate("a", spec)
+        await first.exec("echo left > f")
+        await pool.release("a")
+        second = await pool.allocate("b", spec, timeout=30)
+        assert (await second.list(".")) == []  # never a reused container
+        assert pool.stats().active == 1
+        await pool.release("b")

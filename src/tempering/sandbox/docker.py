@@ -41,7 +41,7 @@ from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.engine import Engine, EngineError
 from tempering.sandbox.files import Storage
 from tempering.sandbox.forkserver import InitChannel
-from tempering.sandbox.host import make_volume, storage_for, volumes
+from tempering.sandbox.host import make_volume, reclaim_volumes, storage_for, volumes
 from tempering.sandbox.image import REPOSITORY, USER_UID
 from tempering.sandbox.native import home, native_binary
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
@@ -91,10 +91,19 @@ class DockerSandbox(Sandbox):
         return sb
 
     @classmethod
+    def reclaim(cls) -> int:
+        """Blocking ``reclaim_async`` (for ``tempering reclaim`` and a pool's start, which runs
+        it in a thread)."""
+        return asyncio.run(cls.reclaim_async())
+
+    @classmethod
     async def reclaim_async(cls) -> int:
-        """Remove the containers (and control directories) of owners that no longer run."""
+        """Remove the containers, control directories and volumes of owners that no longer
+        run; returns how many containers that was."""
         engine = Engine()
         removed = 0
+        with contextlib.suppress(SandboxError, OSError):
+            await asyncio.to_thread(reclaim_volumes)
         for container in await engine.containers(OWNER_LABEL):
             owner = container.get("Labels", {}).get(OWNER_LABEL, "")
             if not cgroup.owner_alive(owner):

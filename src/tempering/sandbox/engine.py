@@ -29,7 +29,11 @@ class EngineError(SandboxError):
     """The engine answered a request with an error status."""
 
     def __init__(self, status: int, message: str, what: str) -> None:
-        super().__init__(f"{what}: the Docker engine answered {status}: {message}")
+        hint = ""
+        if "no space left on device" in message.lower():
+            hint = ("; the engine's disk is full: free space under /var/lib/docker (`docker "
+                    "system prune`) or under the volume pool")
+        super().__init__(f"{what}: the Docker engine answered {status}: {message}{hint}")
         self.status, self.message = status, message
 
 

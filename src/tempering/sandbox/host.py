@@ -195,7 +195,7 @@ def spare_volumes() -> SpareVolumes:
     return SpareVolumes()
 
 
-def _reclaim_volumes() -> set[str]:
+def reclaim_volumes() -> set[str]:
     """Destroy the volumes of owners that no longer run (named ``<owner tag>.<sandbox id>``);
     returns their names as ``<owner tag>/<sandbox id>``."""
     root = home() / "volumes"
@@ -239,4 +239,4 @@ def reclaim() -> int:
     for pid in strays:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    return len(cgroup.reclaim(h.hierarchy) | _reclaim_volumes()) + len(strays)
+    return len(cgroup.reclaim(h.hierarchy) | reclaim_volumes()) + len(strays)

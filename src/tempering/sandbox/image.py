@@ -13,6 +13,7 @@ cached (the same host gives the same tag, and an existing tag is not rebuilt) an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -217,4 +218,59 @@ async def build_default_image(engine: Engine | None = None, *, force: bool = Fal
     await engine.request("POST", f"/images/{ref}/tag", params={"repo": REPOSITORY,
                                                                 "tag": "latest"},
                          what=f"tagging {ref} as {REPOSITORY}:latest")
+    return ref
+
+
+def _context_tar(context: Path) -> bytes:
+    """A build context (a directory with a Dockerfile) as a tar; links kept as links."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(context.rglob("*")):
+            info = tar.gettarinfo(str(path), str(path.relative_to(context)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if info.isfile():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+async def build_recipe(context: Path | str, tag: str | None = None, *,
+                       engine: Engine | None = None, force: bool = False) -> str:
+    """Build a task's own image from a directory holding a Dockerfile whose FROM names a local
+    image (the default one, ``tempering/python:latest``, or another built here): nothing is
+    pulled. The tag defaults to ``tempering/task:<digest of the directory>``, so an unchanged
+    recipe is not rebuilt. Returns the image reference."""
+    import json
+
+    context = Path(context)
+    if not (context / "Dockerfile").is_file():
+        raise SandboxUnavailableError(f"{context} has no Dockerfile: a recipe is a directory "
+                                      "with a Dockerfile that starts FROM a local image")
+    data = _context_tar(context)
+    ref = tag or f"tempering/task:{hashlib.sha256(data).hexdigest()[:16]}"
+    engine = engine or Engine()
+    if not force and await engine.image_id(ref) is not None:
+        return ref
+    errors: list[str] = []
+    buffered = b""
+    async for chunk in engine.stream("POST", "/build", params={"t": ref, "pull": False,
+                                                              "rm": True, "forcerm": True},
+                                     data=data, content_type="application/x-tar",
+                                     what=f"building {ref} from {context}"):
+        buffered += chunk
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                message = json.loads(line)
+                if "error" in message:
+                    errors.append(str(message["error"]).strip())
+    if errors:
+        hint = (" (FROM must name an image on this engine, such as tempering/python:latest "
+                "from `tempering image build`: nothing is pulled)"
+                if any(w in e for e in errors for w in ("pull", "not found", "registry"))
+                else "")
+        raise SandboxUnavailableError(f"building {ref} from {context} failed: "
+                                      f"{errors[-1]}{hint}")
     return ref
