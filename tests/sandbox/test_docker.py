@@ -91,3 +91,15 @@ async def test_a_pool_hands_out_warm_containers() -> None:
         assert (await second.list(".")) == []  # never a reused container
         assert pool.stats().active == 1
         await pool.release("b")
+
+
+async def test_a_spec_recipe_is_built_on_first_use(tmp_path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM tempering/python:latest\n"
+                                         "COPY tool.sh /usr/bin/task-tool\n")
+    (tmp_path / "tool.sh").write_text("#!/bin/sh\necho tool ready\n")
+    (tmp_path / "tool.sh").chmod(0o755)
+    spec = SandboxSpec(backend="docker", recipe=str(tmp_path))
+    async with open_sandbox(spec) as sb:
+        assert (await sb.exec("task-tool")).stdout == "tool ready\n"
+    with pytest.raises(ValueError, match="not a directory with a Dockerfile"):
+        SandboxSpec(backend="docker", recipe=str(tmp_path / "nope"))

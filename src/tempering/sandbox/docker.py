@@ -42,12 +42,13 @@ from tempering.sandbox.engine import Engine, EngineError
 from tempering.sandbox.files import Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import make_volume, reclaim_volumes, storage_for, volumes
-from tempering.sandbox.image import REPOSITORY, USER_UID
+from tempering.sandbox.image import REPOSITORY, USER_UID, build_recipe
 from tempering.sandbox.native import home, native_binary
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
 
 START_TIMEOUT_S = 60.0
 OWNER_LABEL, SANDBOX_LABEL = "tempering.owner", "tempering.sandbox"
+_building: dict[str, asyncio.Lock] = {}  # one build of a recipe at a time (then it is cached)
 
 
 def default_image() -> str:
@@ -147,6 +148,9 @@ class DockerSandbox(Sandbox):
 
     async def _start(self, snapshot_of: str | None = None) -> None:
         init = native_binary("init")
+        if self.spec.recipe is not None:
+            async with _building.setdefault(self.spec.recipe, asyncio.Lock()):
+                self.image = await build_recipe(self.spec.recipe, engine=self._engine)
         if self.storage == "volume":
             name, size = f"{self._tag}.{self.id}", self.spec.disk_mb << 20
             if snapshot_of is not None:

@@ -62,6 +62,9 @@ class SandboxSpec(BaseModel):
     image: str | None = None
     """Container image of the docker backend; default: tempering/python:latest, which
     ``tempering image build`` makes from this host's packages (no registry is used)."""
+    recipe: str | None = None
+    """Directory with a Dockerfile that starts FROM a local image: the docker backend builds it
+    on first use (cached by its content) and runs that image instead of ``image``."""
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Wall-clock limit of a command when ``exec`` is given no timeout."""
     output_limit_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
@@ -125,6 +128,11 @@ class SandboxSpec(BaseModel):
         if self.image is not None and self.backend != "docker":
             raise ValueError(f"image={self.image!r} is for the docker backend; the "
                              f"{self.backend} backend takes a root filesystem (rootfs)")
+        if self.recipe is not None and self.backend != "docker":
+            raise ValueError(f"recipe={self.recipe!r} is for the docker backend")
+        if self.recipe is not None and not os.path.isfile(os.path.join(self.recipe,
+                                                                       "Dockerfile")):
+            raise ValueError(f"recipe {self.recipe!r} is not a directory with a Dockerfile")
         if self.rootfs is not None and self.backend == "docker":
             raise ValueError("rootfs is for the local backend; the docker backend takes an image")
         return self

@@ -235,6 +235,10 @@ def load_task(path: str | Path, limits: Limits | None = None) -> Task:
     config: TaskConfig | None = None
     try:
         raw = tomllib.loads((root / "task.toml").read_text())
+        recipe = raw.get("sandbox", {}).get("recipe") if isinstance(raw.get("sandbox"),
+                                                                     dict) else None
+        if isinstance(recipe, str):  # relative to the task directory
+            raw["sandbox"]["recipe"] = str((root / recipe).resolve())
         config = TaskConfig.model_validate(raw)
     except tomllib.TOMLDecodeError as exc:
         problems.append(f"task.toml is not valid TOML: {exc}")
