@@ -553,10 +553,18 @@ async def docker(scale: Scale, args: argparse.Namespace) -> list[Figure]:
         async with open_sandbox(spec) as sb:
             check(await sb.exec(["true"]))
 
+    async def local_sandbox() -> None:
+        async with open_sandbox(local_spec) as sb:
+            check(await sb.exec(["true"]))
+
     ours, theirs = await side_by_side(timed(sandbox), timed(container), scale.docker_runs,
                                       warmup=1)
     figures += latency_figures("docker", "docker backend open+exec true+close", ours,
                                "docker run --rm true", theirs, p50_ratio=1.2)
+    local, theirs = await side_by_side(timed(local_sandbox), timed(container), scale.docker_runs,
+                                       warmup=1)
+    figures += latency_figures("docker", "local backend open+exec true+close", local,
+                               "docker run --rm true", theirs)
 
     async def allocations(pool_spec: SandboxSpec) -> list[float]:
         samples = []
