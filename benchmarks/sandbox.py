@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import gc
 import json
-import math
 import os
 import platform
 import shutil
@@ -49,15 +48,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from figures import Figure, console, percentile, report, summary
 
 from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
 from tempering.sandbox.base import DEFAULT_PATH
 from tempering.sandbox.host import storage_for, volumes
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 PIPE = asyncio.subprocess.PIPE
 MiB = 1 << 20
 PYTHON = shutil.which("python3", path=DEFAULT_PATH) or "/usr/bin/python3"  # the one inside, too
@@ -84,34 +81,10 @@ QUICK = Scale(cold_runs=50, exec_runs=300, fork_mb=20, fork_runs=10, density=100
               episodes=60, cycles=500, docker_runs=3)
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One measured value, its baseline from the same run, and its target if it has one."""
-
-    section: str
-    name: str
-    value: float
-    unit: str
-    baseline: float | None = None
-    baseline_name: str = ""
-    target: str = ""
-    passed: bool | None = None
-    relative: bool = True
-    """Whether value / baseline means something (not for counts compared for equality)."""
-
-    @property
-    def ratio(self) -> float | None:
-        if not self.relative or self.baseline is None or self.baseline == 0:
-            return None
-        return self.value / self.baseline
 
 
 # ---- measuring ----
 
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile: a value that was actually observed."""
-    ordered = sorted(samples)
-    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
 
 
 Timed = Callable[[], Awaitable[float]]
@@ -217,25 +190,6 @@ async def settle() -> None:
     await asyncio.sleep(0.5)
 
 
-def report(figures: list[Figure]) -> list[Figure]:
-    for f in figures:
-        line = f"  {f.name:<42} {fmt(f.value, f.unit):>12}"
-        if f.baseline is not None:
-            line += f"   {f.baseline_name}: {fmt(f.baseline, f.unit)}"
-        if f.ratio is not None:
-            line += f"   ratio {f.ratio:.2f}x"
-        if f.target:
-            line += f"   target {f.target}: {verdict(f.passed)}"
-        console.print(line)
-    return figures
-
-
-def fmt(value: float, unit: str) -> str:
-    return (f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}").strip()
-
-
-def verdict(passed: bool | None) -> str:
-    return "" if passed is None else "[green]PASS[/]" if passed else "[red]MISS[/]"
 
 
 def storages(section: str) -> list[str]:
@@ -641,21 +595,6 @@ def machine() -> dict[str, object]:
             "load_1m": os.getloadavg()[0]}
 
 
-def summary(figures: list[Figure]) -> Table:
-    table = Table(title="local sandbox backend", title_justify="left")
-    for col, justify in (("section", "left"), ("figure", "left"), ("value", "right"),
-                         ("baseline (same run)", "right"), ("ratio", "right"),
-                         ("target", "left"), ("", "left")):
-        table.add_column(col, justify=justify)
-    previous = None
-    for f in figures:
-        base = "" if f.baseline is None else f"{fmt(f.baseline, f.unit)} ({f.baseline_name})"
-        ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
-        table.add_row("" if f.section == previous else f.section, f.name.strip(),
-                      fmt(f.value, f.unit), base, ratio, f.target, verdict(f.passed),
-                      end_section=False)
-        previous = f.section
-    return table
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -678,7 +617,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
     total = time.perf_counter() - started
     console.print()
-    console.print(summary(figures))
+    console.print(summary(figures, "sandbox backends"))
     load = os.getloadavg()[0]  # other jobs on the host show here, and in every ratio's spread
     console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
                   f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"

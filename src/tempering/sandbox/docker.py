@@ -37,9 +37,9 @@ from typing import Any
 
 from tempering.errors import SandboxClosedError, SandboxError, SandboxStartError
 from tempering.sandbox import cgroup
-from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
+from tempering.sandbox.base import Process, Sink, ensure_open
 from tempering.sandbox.engine import Engine, EngineError
-from tempering.sandbox.files import Storage
+from tempering.sandbox.files import HostFileSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import make_volume, reclaim_volumes, storage_for, volumes
 from tempering.sandbox.image import REPOSITORY, USER_UID, build_recipe
@@ -55,7 +55,7 @@ def default_image() -> str:
     return f"{REPOSITORY}:latest"
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(HostFileSandbox):
     """A sandbox that is one container on the local Docker engine."""
 
     _reclaimed = False
@@ -268,27 +268,6 @@ class DockerSandbox(Sandbox):
     async def usage(self) -> SandboxUsage:
         ensure_open(self)
         return SandboxUsage(None, None, await self._oom_kills())
-
-    def _files(self) -> Storage:
-        ensure_open(self)
-        assert self._storage is not None
-        return self._storage
-
-    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        await asyncio.to_thread(self._files().write, path, raw, mode)
-
-    async def read_file(self, path: str) -> bytes:
-        return await asyncio.to_thread(self._files().read, path)
-
-    async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
-        await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
-
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
-        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
-
-    async def list(self, path: str = ".") -> list[str]:
-        return await asyncio.to_thread(self._files().listdir, path)
 
     async def fork(self) -> DockerSandbox:
         """A new container from the same image whose workdir and /tmp are a copy of this

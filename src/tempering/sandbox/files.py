@@ -14,6 +14,7 @@ exactly the rights of the user inside, and what it creates is owned by that user
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Concatenate, ParamSpec, TypeVar
 
 from tempering.errors import SandboxError, SandboxFileNotFoundError, SandboxPathError
+from tempering.sandbox.base import Sandbox, ensure_open
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
@@ -360,3 +362,37 @@ def _path_error(path: str, exc: OSError) -> SandboxError:
     if exc.errno == errno.ENOSPC:
         return SandboxError(f"sandbox disk is full at {path!r}; raise disk_mb")
     return SandboxError(f"cannot access {path!r} in the sandbox: {exc.strerror}")
+
+
+class HostFileSandbox(Sandbox):
+    """A sandbox whose writable directories the host reaches directly (``Storage``): the file
+    API is written once here for every such backend (local, docker)."""
+
+    _storage: Storage | None = None
+
+    def _files(self) -> Storage:
+        ensure_open(self)
+        if self._storage is None:
+            raise SandboxError(f"sandbox {self.id} has not started")
+        return self._storage
+
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if len(raw) > 1 << 20:  # small writes are faster inline than through a thread
+            await asyncio.to_thread(self._files().write, path, raw, mode)
+        else:
+            self._files().write(path, raw, mode)
+        self._command_finished()
+
+    async def read_file(self, path: str) -> bytes:
+        return self._files().read(path)
+
+    async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
+        await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
+        self._command_finished()
+
+    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
+        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
+
+    async def list(self, path: str = ".") -> list[str]:
+        return self._files().listdir(path)

@@ -40,8 +40,8 @@ from tempering.errors import (
     SandboxStartError,
 )
 from tempering.sandbox import cgroup
-from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
-from tempering.sandbox.files import Storage
+from tempering.sandbox.base import Process, Sink, ensure_open
+from tempering.sandbox.files import HostFileSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     host,
@@ -86,7 +86,7 @@ def _close_all_at_exit() -> None:
             cgroup.remove_cgroup(path, timeout=2.0)
 
 
-class LocalSandbox(Sandbox):
+class LocalSandbox(HostFileSandbox):
     """A sandbox made of Linux namespaces on this host."""
 
     _reclaimed = False  # whether this process has cleaned up after crashed ones yet
@@ -293,32 +293,6 @@ class LocalSandbox(Sandbox):
         ensure_open(self)
         return SandboxUsage(self._cgroup.memory_peak(), self._cgroup.pids_peak(),
                             self._cgroup.oom_kills())
-
-    def _files(self) -> Storage:
-        ensure_open(self)
-        assert self._storage is not None
-        return self._storage
-
-    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        if len(raw) > 1 << 20:
-            await asyncio.to_thread(self._files().write, path, raw, mode)
-        else:
-            self._files().write(path, raw, mode)
-        self._command_finished()
-
-    async def read_file(self, path: str) -> bytes:
-        return self._files().read(path)
-
-    async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
-        await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
-        self._command_finished()
-
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
-        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
-
-    async def list(self, path: str = ".") -> list[str]:
-        return self._files().listdir(path)
 
     async def fork(self) -> LocalSandbox:
         """A new sandbox whose workdir and /tmp are a copy of this one's (processes are not).
