@@ -103,3 +103,25 @@ async def test_a_spec_recipe_is_built_on_first_use(tmp_path) -> None:
         assert (await sb.exec("task-tool")).stdout == "tool ready\n"
     with pytest.raises(ValueError, match="not a directory with a Dockerfile"):
         SandboxSpec(backend="docker", recipe=str(tmp_path / "nope"))
+
+
+def test_a_process_that_forgets_to_close_leaves_nothing() -> None:
+    forget = ("import asyncio\n"
+              "from tempering.sandbox import SandboxSpec, open_sandbox\n"
+              "async def main():\n"
+              "    sb = await open_sandbox(SandboxSpec(backend='docker'))\n"
+              "    print(sb.id, sb.storage, flush=True)\n"
+              "asyncio.run(main())\n")
+    run = subprocess.run([sys.executable, "-c", forget], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    sandbox, storage = run.stdout.split()
+    count = ("import asyncio\nfrom tempering.sandbox.engine import Engine\n"
+             f"print(len(asyncio.run(Engine().containers('tempering.sandbox={sandbox}'))))")
+    left = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True,
+                          timeout=60)
+    assert left.stdout.strip() == "0", left.stderr
+    if storage == "volume":
+        from tempering.sandbox.host import volumes
+
+        assert not [v for v in volumes().root.iterdir() if v.name.endswith(sandbox)]

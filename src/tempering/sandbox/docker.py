@@ -25,12 +25,14 @@ image; everything else is the same machinery as the local backend, so the two ca
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import math
 import os
 import secrets
 import shutil
 import socket
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,25 @@ from tempering.sandbox.spec import SandboxSpec, SandboxUsage
 START_TIMEOUT_S = 60.0
 OWNER_LABEL, SANDBOX_LABEL = "tempering.owner", "tempering.sandbox"
 _building: dict[str, asyncio.Lock] = {}  # one build of a recipe at a time (then it is cached)
+_live: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+
+
+def _remove_all_at_exit() -> None:
+    """Nothing outlives the harness: remove the containers and volumes callers forgot."""
+    left = [sb for sb in list(_live) if not sb._closed]
+    if left:
+        with contextlib.suppress(Exception):  # at exit, a failure is left for reclaim()
+            asyncio.run(_close_all(left))
+        for sb in left:  # no new threads at interpreter exit: the volumes go here
+            if sb._volume is not None:
+                with contextlib.suppress(OSError, SandboxError):
+                    volumes().destroy(sb._volume)
+
+
+async def _close_all(sandboxes: list[DockerSandbox]) -> None:
+    for sb in sandboxes:
+        sb._channel = None  # its event loop is gone; the container's removal ends the init
+    await asyncio.gather(*(sb.close() for sb in sandboxes), return_exceptions=True)
 
 
 def default_image() -> str:
@@ -83,6 +104,7 @@ class DockerSandbox(HostFileSandbox):
         if not DockerSandbox._reclaimed:
             DockerSandbox._reclaimed = True
             await cls.reclaim_async()
+            atexit.register(_remove_all_at_exit)
         sb = cls(spec)
         try:
             await sb._start()
@@ -180,6 +202,7 @@ class DockerSandbox(HostFileSandbox):
             with contextlib.suppress(OSError):
                 path.unlink()  # nothing else can connect now
         self._channel = InitChannel(conn, f"sandbox {self.id}", self._on_death)
+        _live.add(self)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 await self._channel.ready
@@ -233,6 +256,7 @@ class DockerSandbox(HostFileSandbox):
         if self._closed:
             return
         self._closed = True
+        _live.discard(self)
         if self._channel is not None:
             self._channel.close("sandbox closed")
         if self._container is not None:
@@ -240,9 +264,9 @@ class DockerSandbox(HostFileSandbox):
                 await self._engine.remove(self._container)
         shutil.rmtree(self._control_dir, ignore_errors=True)
         if self._volume is not None:  # the container is gone: nothing writes to it now
-            with contextlib.suppress(OSError, SandboxError):
+            with contextlib.suppress(OSError, SandboxError, RuntimeError):
                 await asyncio.to_thread(volumes().destroy, self._volume)
-            self._volume = None
+                self._volume = None
 
     def _on_death(self, why: str) -> None:
         self._dead = why
