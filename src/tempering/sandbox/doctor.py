@@ -57,4 +57,25 @@ async def doctor_checks() -> list[tuple[str, bool | None, str]]:
             rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
                          f"(exit {result.exit_code}); check that the cgroup memory controller "
                          "is enabled"))
+    rows.append(await docker_check())
     return rows
+
+
+async def docker_check() -> tuple[str, bool | None, str]:
+    """The docker backend is optional: without an engine or image it is skipped (–), with
+    the fix, and the local backend is still ready."""
+    from tempering.errors import SandboxError
+    from tempering.sandbox.docker import default_image
+    from tempering.sandbox.engine import Engine
+
+    name = "docker backend (optional)"
+    try:
+        engine = Engine()
+        version = await engine.ping()
+        image = await engine.image_id(default_image())
+    except SandboxError as exc:
+        return name, None, str(exc)
+    if image is None:
+        return name, None, f"engine {version}, but no image {default_image()}: run " \
+                           "`tempering image build`"
+    return name, True, f"engine {version} at {engine.path}, image {default_image()}"
