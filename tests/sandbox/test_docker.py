@@ -31,10 +31,12 @@ async def test_the_container_is_hardened() -> None:
         assert host["NetworkMode"] == "none" and host["Memory"] == 128 << 20
         assert host["PidsLimit"] == 32 and info["Config"]["User"] == "1000:1000"
         r = await sb.exec("grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
-                          "touch /usr/x 2>&1; echo sockets: $(ls -A /.tempering/control | wc -l)")
+                          "touch /usr/x 2>&1; echo sockets: $(ls -A /.tempering/control | wc -l); "
+                          "touch /.tempering/control/fill 2>&1 || echo no host writes")
         assert "CapEff:\t0000000000000000" in r.stdout and "NoNewPrivs:\t1" in r.stdout
         assert "Seccomp:\t2" in r.stdout and "Read-only file system" in r.stdout
         assert "sockets: 0" in r.stdout  # unlinked once the init connected: no one else can
+        assert "no host writes" in r.stdout  # the bound control directory is not a disk
 
 
 def test_reclaim_removes_a_crashed_process_containers() -> None:
