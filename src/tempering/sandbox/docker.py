@@ -125,13 +125,13 @@ class DockerSandbox(HostFileSandbox):
         run; returns how many containers that was."""
         engine = Engine()
         removed = 0
-        with contextlib.suppress(SandboxError, OSError):
-            await asyncio.to_thread(reclaim_volumes)
         for container in await engine.containers(OWNER_LABEL):
             owner = container.get("Labels", {}).get(OWNER_LABEL, "")
             if not cgroup.owner_alive(owner):
                 await engine.remove(container["Id"])
                 removed += 1
+        with contextlib.suppress(SandboxError, OSError):  # unbound now that they are gone
+            await asyncio.to_thread(reclaim_volumes)
         base = home() / "docker"
         if base.is_dir():
             for entry in base.iterdir():
