@@ -244,3 +244,27 @@ def test_tasks_validate_accepts_the_examples_and_names_what_is_wrong(tmp_path: P
     assert proc.returncode == 1
     assert "reference solution scores 0.000" in proc.stderr
     assert "1 of 1 task(s) invalid" in proc.stderr
+
+
+def test_sandbox_run_on_the_docker_backend_and_bad_combinations() -> None:
+    from tempering.errors import SandboxError
+    from tempering.sandbox.docker import default_image
+    from tempering.sandbox.engine import Engine
+
+    proc = tempering("sandbox", "run", "--image", "x", "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr == ("tempering: error: image='x' is for the docker backend; the local "
+                           "backend takes a root filesystem (rootfs)\n")
+    import asyncio
+
+    try:
+        present = asyncio.run(Engine().image_id(default_image()))
+    except SandboxError as exc:
+        pytest.skip(f"docker backend unavailable: {exc}")
+    if present is None:
+        pytest.skip(f"no image {default_image()}: run `tempering image build`")
+    proc = tempering("sandbox", "run", "--backend", "docker", "--", "sh", "-c", "id -u")
+    assert (proc.returncode, proc.stdout) == (0, "1000\n"), proc.stderr
+    proc = tempering("sandbox", "run", "--backend", "docker", "--image", "tempering/none:1",
+                     "--", "true")
+    assert proc.returncode == 125 and "tempering image build" in proc.stderr

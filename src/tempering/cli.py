@@ -38,6 +38,8 @@ SPEC_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "disk_mb": ("--disk-mb", int, "MB"),
     "timeout_s": ("--timeout", float, "S"),
     "storage": ("--storage", str, "{auto,memory,volume}"),
+    "backend": ("--backend", str, "{local,docker}"),
+    "image": ("--image", str, "REF"),
 }
 
 
@@ -116,7 +118,9 @@ def _describe(exc: ValidationError) -> str:
         field = ".".join(str(part) for part in err["loc"])
         option = SPEC_OPTIONS[field][0] if field in SPEC_OPTIONS else field
         message = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{option} {err.get('input')}: {message[0].lower()}{message[1:]}")
+        message = f"{message[0].lower()}{message[1:]}"
+        # A check across fields (no location) names its values itself.
+        parts.append(f"{option} {err.get('input')}: {message}" if field else message)
     return "; ".join(parts)
 
 
@@ -269,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one command in a fresh sandbox and remove the sandbox afterwards. The "
                     "command runs directly, not through a shell: use `sh -c '...'` for pipes.",
         epilog=_RUN_EPILOG)
-    _add_spec_options(run, ["memory_mb", "cpus", "pids", "disk_mb", "storage"])
+    _add_spec_options(run, ["backend", "image", "memory_mb", "cpus", "pids", "disk_mb",
+                            "storage"])
     run.add_argument("--network", action="store_true", default=None,
                      help=_spec_docs().get("network", "give the sandbox the host's network"))
     _add_spec_options(run, ["timeout_s"], overrides={

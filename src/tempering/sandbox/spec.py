@@ -37,7 +37,8 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     backend: str = "local"
-    """Which backend runs the sandbox: ``local`` (bubblewrap namespaces, cgroups, seccomp)."""
+    """Which backend runs the sandbox: ``local`` (bubblewrap namespaces, cgroups, seccomp) or
+    ``docker`` (a container on the local Docker engine)."""
     cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPU quota in cores (fractions allowed); ``nproc`` inside reports it rounded up."""
     memory_mb: Annotated[int, Field(ge=16)] = 512
