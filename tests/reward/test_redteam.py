@@ -144,10 +144,28 @@ for fd in range(3, 40):
 }
 
 
+PYTEST_MACHINERY = {"patches pytest's reports at import",
+                    "patches pytest to pass only tests under tests/"}
+
+
+@pytest.fixture(params=["pytest", "plain"])
+def task(request: pytest.FixtureRequest, median):  # type: ignore[no-untyped-def]
+    """The median task under pytest, and under the plain runner (the grading zygote)."""
+    if request.param == "pytest":
+        return median
+    grading = median.config.grading.model_copy(update={"runner": "plain"})
+    return median.__class__(median.config.model_copy(update={"grading": grading}),
+                            median.instruction, median.workspace, median.tests, median.solution)
+
+
 @pytest.mark.parametrize("name", list(HACKS))
-async def test_hack_is_neutralised_and_flagged(name: str, median, attempt) -> None:
+async def test_hack_is_neutralised_and_flagged(name: str, task, attempt) -> None:
     files, shell, flag = HACKS[name]
-    result = await attempt(median, files, shell)
+    result = await attempt(task, files, shell)
+    if name in PYTEST_MACHINERY and task.config.grading.runner == "plain":
+        # The plain runner does not use pytest's reporting: the patch is inert, the stub fails.
+        assert result.reward == 0.0 and result.tests_passed == 0, result.flags
+        return
     assert flag in result.flags, (result.flags, result.details, result.log[-1500:])
     assert result.reward == 0.0
     assert result.tampered

@@ -25,13 +25,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from tempering.errors import SandboxError, VerifierError
+from tempering.errors import SandboxError, SandboxStartError, VerifierError
 from tempering.reward.result import TAMPER, RewardResult, TestResult
-from tempering.reward.runner import Launcher, TestRun, pytest_args
+from tempering.reward.runner import Launcher, RunPlan, TestRun, pytest_args
 from tempering.reward.static import analyse, lint
 from tempering.reward.tamper import screen
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
+from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
+from tempering.sandbox.files import Storage
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.task import Task
 
@@ -50,13 +52,16 @@ def grading_spec(task: Task) -> SandboxSpec:
 class Grader:
     """Grades episodes; ``warm`` launchers per grading spec are kept started ahead of time."""
 
-    def __init__(self, *, warm: int = 0, limits: Limits | None = None) -> None:
-        self.warm, self.limits = warm, limits or Limits()
+    def __init__(self, *, warm: int = 0, limits: Limits | None = None,
+                 zygote: bool = True) -> None:
+        self.warm, self.limits, self.use_zygote = warm, limits or Limits(), zygote
         self._stock: dict[str, list[Launcher]] = {}  # by SandboxSpec.key()
         self._starting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._expected: dict[str, int] = {}
         self._counting: dict[tuple[int, str], asyncio.Lock] = {}
+        self._zygotes: dict[str, Zygote] = {}  # by grading SandboxSpec.key()
+        self._zygote_lock = asyncio.Lock()
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -75,6 +80,9 @@ class Grader:
             for launcher in stock:
                 await launcher.sb.close()
         self._stock.clear()
+        for zygote in self._zygotes.values():
+            await zygote.close()
+        self._zygotes.clear()
 
     # ---- launchers ----
 
@@ -173,7 +181,11 @@ class Grader:
     async def _run(self, task: Task, tree: FileTree, flags: set[str],
                    details: list[str]) -> tuple[TestRun, dict[str, float]]:
         grading = task.config.grading
-        launcher = await self._launcher(grading_spec(task), grading.runner)
+        spec = grading_spec(task)
+        if (self.use_zygote and grading.runner == "plain" and not task.config.verifiers
+                and spec.backend == "local"):
+            return await self._run_forked(task, tree, spec), {}
+        launcher = await self._launcher(spec, grading.runner)
         sb = launcher.sb
         try:
             await tree.write_into(sb)
@@ -191,6 +203,45 @@ class Grader:
             return run, scores
         finally:
             await sb.close()
+
+    async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec) -> TestRun:
+        """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
+        the same checks, without a new interpreter per grading."""
+        grading = task.config.grading
+        try:
+            forked = await (await self._zygote(spec)).fork()
+        except SandboxStartError:  # it died (killed, OOM): start another, once
+            forked = await (await self._zygote(spec, replace=True)).fork()
+        try:
+            plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
+                           canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR)
+            files = [(p, tree[p], tree.mode(p)) for p in tree]
+            files += [(f"{grading.tests_dir}/{p}", task.tests[p], task.tests.mode(p))
+                      for p in task.tests]  # last: the hidden tests win any clash
+            files.append((plan.canary_path, plan.canary_text.encode(), 0o644))
+            await asyncio.to_thread(_write_all, forked.storage, files)
+            text, timed_out, oom, code = await forked.run(plan.config, grading.timeout_s)
+            run = plan.read(text)
+            run.timed_out, run.oom, run.exit_code = timed_out, oom, code
+            return run
+        finally:
+            await asyncio.to_thread(forked.close)
+
+    async def _zygote(self, spec: SandboxSpec, *, replace: bool = False) -> Zygote:
+        async with self._zygote_lock:
+            zygote = self._zygotes.get(spec.key())
+            if zygote is not None and (replace or not zygote.alive):
+                await zygote.close()
+                zygote = None
+            if zygote is None:
+                zygote = Zygote(spec)
+                try:
+                    await zygote.start()
+                except BaseException:
+                    await zygote.close()
+                    raise
+                self._zygotes[spec.key()] = zygote
+            return zygote
 
     async def expected_tests(self, task: Task) -> int:
         """How many hidden tests must run: from task.toml, or collected once (with the
@@ -220,6 +271,11 @@ class Grader:
                                     f"({errors}); fix the tests or set grading.expected_tests")
             self._expected[task.digest] = len(run.collected)
         return self._expected[task.digest]
+
+
+def _write_all(storage: Storage, files: list[tuple[str, bytes, int]]) -> None:
+    for path, data, mode in files:
+        storage.write(path, data, mode)
 
 
 def canary_imports(task: Task) -> str:

@@ -74,39 +74,56 @@ class Launcher:
 
     async def run(self, args: list[str], tests_dir: str, timeout: float,
                   canary_imports: str = "", *, collect_only: bool = False) -> TestRun:
-        """Write the canaries, configure the launcher, and collect its checked report.
+        """Write the canaries, configure the launcher, and collect its checked report."""
+        plan = RunPlan(args, tests_dir, self.sb.spec.workdir, canary_imports,
+                       collect_only=collect_only, runner=self.runner)
+        await self.sb.write_file(plan.canary_path, plan.canary_text)
+        await self.command.write(encode_config(plan.config))
+        self.command.close_stdin()
+        result = await self.command.result(timeout)
+        run = plan.read(result.stdout)
+        run.exit_code, run.timed_out = result.exit_code, result.timed_out
+        run.oom = result.oom_killed
+        run.log = (_human_log(result.stdout, plan.tag) + result.stderr)[-4000:]
+        return run
 
-        The canary file sits among the hidden tests under a random name, with random test
-        names and the hidden tests' own imports, so code that tampers with the runner cannot
-        tell it from a hidden test by its path, its name or what it imports."""
-        key = secrets.token_bytes(32)
-        tag = secrets.token_hex(6)
-        holds, breaks = f"test_{secrets.token_hex(4)}", f"test_{secrets.token_hex(4)}"
+
+class RunPlan:
+    """One test run's secrets and canaries, and how to read its report.
+
+    The canary file sits among the hidden tests under a random name, with random test names and
+    the hidden tests' own imports, so code that tampers with the runner cannot tell it from a
+    hidden test by its path, its name or what it imports."""
+
+    def __init__(self, args: list[str], tests_dir: str, workdir: str, canary_imports: str, *,
+                 collect_only: bool = False, runner: str = "pytest",
+                 launcher_dir: str = LAUNCHER_DIR) -> None:
+        self.key = secrets.token_bytes(32)
+        self.tag = secrets.token_hex(6)
+        self.holds, breaks = f"test_{secrets.token_hex(4)}", f"test_{secrets.token_hex(4)}"
         a, b = secrets.randbelow(1 << 30), secrets.randbelow(1 << 30) + (1 << 30)
-        canary = f"{tests_dir}/test_{tag}.py"
-        first, second = sorted([(holds, f"assert {a} == {a}"), (breaks, f"assert {a} == {b}")],
+        self.canary_path = f"{tests_dir}/test_{self.tag}.py"
+        first, second = sorted([(self.holds, f"assert {a} == {a}"),
+                                (breaks, f"assert {a} == {b}")],
                                key=lambda _: secrets.randbelow(2))
-        await self.sb.write_file(canary, (
-            f"{canary_imports}\n\ndef {first[0]}():\n    {first[1]}\n\n\n"
-            f"def {second[0]}():\n    {second[1]}\n"))
+        self.canary_text = (f"{canary_imports}\n\ndef {first[0]}():\n    {first[1]}\n\n\n"
+                            f"def {second[0]}():\n    {second[1]}\n")
         paths = [a for a in args if not a.startswith("-")]
         covered = any(tests_dir == p.rstrip("/") or tests_dir.startswith(p.rstrip("/") + "/")
                       or p in (".", "./") for p in paths)
-        extra = [] if covered and paths else [canary]
-        workdir = self.sb.spec.workdir.rstrip("/")
-        config = {"key": key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
-                  "launcher_dir": LAUNCHER_DIR, "ini": f"{LAUNCHER_DIR}/pytest.ini",
-                  "args": [*args, "--collect-only"] if collect_only and self.runner == "pytest"
-                  else args, "canaries": extra, "collect_only": collect_only}
-        await self.command.write(encode_config(config))
-        self.command.close_stdin()
-        result = await self.command.result(timeout)
-        run = parse_report(result.stdout, key, tag, holds)
+        workdir = workdir.rstrip("/")
+        self.args = args
+        self.config = {
+            "key": self.key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
+            "launcher_dir": launcher_dir, "ini": f"{launcher_dir}/pytest.ini",
+            "args": [*args, "--collect-only"] if collect_only and runner == "pytest" else args,
+            "canaries": [] if covered and paths else [self.canary_path],
+            "collect_only": collect_only}
+
+    def read(self, stdout: str) -> TestRun:
+        run = parse_report(stdout, self.key, self.tag, self.holds)
         run.canary_expected = not any(a.startswith(("-k", "-m", "--deselect")) or "::" in a
-                                      for a in args)
-        run.exit_code, run.timed_out = result.exit_code, result.timed_out
-        run.oom = result.oom_killed
-        run.log = (_human_log(result.stdout, tag) + result.stderr)[-4000:]
+                                      for a in self.args)
         return run
 
 

@@ -167,16 +167,8 @@ class LocalSandbox(HostFileSandbox):
         err_r, err_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe
-        args = [h.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--hostname", "sandbox",
-                "--die-with-parent", "--new-session", "--as-pid-1",
-                "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
-                *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
-                "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk", *storage,
-                "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/", "--info-fd", "4"]
-        if not spec.network:
-            args.append("--unshare-net")
-        args += ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000"]
+        args = bwrap_argv(spec, storage, ["/.tempering/init", "3", disk, spec.workdir, "1000",
+                                          "1000"])
         self._bwrap_stderr = err_r
         try:
             started, self._bwrap_exit = spawner().request(
@@ -200,7 +192,7 @@ class LocalSandbox(HostFileSandbox):
             raise
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                self._init_pid = await _read_child_pid(info_r)
+                self._init_pid = await read_child_pid(info_r)
                 self._cgroup.attach(self._init_pid)
                 cpus = sorted(os.sched_getaffinity(0))
                 want = min(math.ceil(spec.cpus), len(cpus))
@@ -316,7 +308,24 @@ class LocalSandbox(HostFileSandbox):
         return child
 
 
-async def _read_child_pid(fd: int) -> int:
+def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str]) -> list[str]:
+    """bubblewrap's command line for a sandbox of ``spec`` whose PID 1 runs ``command`` with
+    CAP_SYS_ADMIN and CAP_SETFCAP in its user namespace (the init, or the grading zygote);
+    ``extra`` adds mounts. Expects fd 3 to be its control socket and fd 4 the info pipe."""
+    h = host()
+    args = [h.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
+            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--hostname", "sandbox",
+            "--die-with-parent", "--new-session", "--as-pid-1",
+            "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
+            *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
+            "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk", *extra,
+            "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/", "--info-fd", "4"]
+    if not spec.network:
+        args.append("--unshare-net")
+    return [*args, *command]
+
+
+async def read_child_pid(fd: int) -> int:
     """bubblewrap writes {"child-pid": N, ...} to its info fd once the sandbox's PID 1 exists."""
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)

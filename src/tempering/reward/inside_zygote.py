@@ -1,0 +1,156 @@
+"""The grading zygote, PID 1 of one sandbox: each grading is a fresh sandbox forked from it.
+
+A grading in a sandbox of its own pays for a fresh interpreter (and the ``typing`` import most
+solutions make) every time. The zygote pays once: it runs as PID 1 of a bubblewrap sandbox
+(with CAP_SYS_ADMIN in that sandbox's user namespace, like the init), imports the launcher and
+the common standard modules, and then serves GRADE requests from the host. For each one it
+forks a child that
+
+1. unshares new mount, pid, net, ipc and uts namespaces and mounts one fresh size-limited tmpfs,
+   bound at the workdir and /tmp (nothing of an earlier grading is there);
+2. forks the grading process, PID 1 of the new pid namespace, which mounts its own /proc,
+   becomes the unprivileged user in a nested user namespace with no capability, sets
+   no_new_privs and installs the init's seccomp filter (read from ``init --seccomp-filter``),
+3. tells the host its pid (SCM_CREDENTIALS: the kernel translates it), waits while the host
+   puts it in a cgroup of its own and writes the files, then runs the plain runner on the
+   configuration the host sends, reporting on the same socket.
+
+Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
+a grading (fork). Runs with the sandbox's ``python3 -I -B``; stdlib only.
+"""
+
+# Besides what it uses, the zygote imports what solutions and tests commonly import (the
+# F401 ones), once, so that no grading pays for them.
+import collections  # noqa: F401
+import ctypes
+import functools  # noqa: F401
+import itertools  # noqa: F401
+import marshal
+import math  # noqa: F401
+import os
+import re  # noqa: F401
+import signal
+import socket
+import string  # noqa: F401
+import struct
+import sys
+import typing  # noqa: F401
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import inside  # noqa: E402 - the launcher, from the same read-only directory
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+DISK = "/.tempering/disk"
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source, target, fstype, flags, data=None):
+    check(LIBC.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                     ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
+
+
+def fresh_storage(disk_bytes, workdir):
+    """One tmpfs of disk_bytes (one inode per KiB) bound at the workdir and /tmp."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    options = f"size={disk_bytes},nr_inodes={max(disk_bytes >> 10, 1024)},mode=0755"
+    mount("tmpfs", DISK, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for name, target, mode in (("w", workdir, 0o755), ("t", "/tmp", 0o1777)):
+        os.mkdir(f"{DISK}/{name}")
+        os.chmod(f"{DISK}/{name}", mode)
+        mount(f"{DISK}/{name}", target, None, MS_BIND)
+
+
+def become_user(uid, gid, seccomp):
+    """What the init does for itself: nested user namespace, no capability, seccomp."""
+    check(LIBC.unshare(CLONE_NEWUSER), "unshare user namespace")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1\n"),
+                       ("gid_map", f"{gid} 0 1\n")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    for cap in range(64):
+        LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = bytes(24)  # two empty __user_cap_data_struct
+    check(LIBC.syscall(126, header, data), "capset")  # SYS_capset on x86_64
+    check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    program = ctypes.create_string_buffer(seccomp, len(seccomp))
+    fprog = SockFprog(len(seccomp) // 8, ctypes.addressof(program))
+    check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
+def grading(channel, request, seccomp):
+    """The grading process (PID 1 of its pid namespace); never returns."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        become_user(request["uid"], request["gid"], seccomp)
+        os.chdir(request["workdir"])
+        creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
+        channel.sendmsg([b"ready"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+        config = marshal.loads(channel.recv(1 << 20))
+        reporter = inside.Reporter(channel.fileno(), bytes.fromhex(config["key"]))
+        inside.run_plain(config, reporter)
+    except BaseException as exc:  # the host sees a grading that never reported
+        os.write(2, f"tempering-zygote: grading failed: {exc!r}\n".encode())
+        os._exit(1)
+    os._exit(0)
+
+
+def serve(control, seccomp):
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 4096, 2)
+        if not message:
+            return
+        request = marshal.loads(message)
+        channel = socket.socket(fileno=fds[0])
+        status = socket.socket(fileno=fds[1])  # the grading's exit status, told by its parent
+        if os.fork() == 0:
+            control.close()
+            try:
+                check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+                                   | CLONE_NEWUTS), "unshare")
+                fresh_storage(request["disk"], request["workdir"])
+                pid = os.fork()
+                if pid == 0:
+                    status.close()  # the tested code must not speak for its parent
+                    grading(channel, request, seccomp)
+                channel.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _, code = os.waitpid(pid, 0)
+                status.send(struct.pack("i", os.waitstatus_to_exitcode(code)))
+                os._exit(0)
+            except BaseException as exc:
+                os.write(2, f"tempering-zygote: {exc!r}\n".encode())
+                os._exit(1)
+        channel.close()
+        status.close()
+
+
+def main():
+    control = socket.socket(fileno=int(sys.argv[1]))
+    with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
+        seccomp = f.read()
+    control.send(b"ready")
+    serve(control, seccomp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Host side of the grading zygote (``inside_zygote.py``): fresh sandboxes, forked.
+
+``Zygote`` starts one bubblewrap sandbox whose PID 1 is the zygote, and ``fork()`` asks it for
+a grading process in fresh namespaces with fresh storage. The host learns that process's pid
+from the kernel (SCM_CREDENTIALS), moves it into a cgroup of its own with the grading limits,
+writes the files through ``/proc/<pid>/root`` with the same confined file API as the local
+backend, and then hands it the configuration. A timeout SIGKILLs it, which ends its pid
+namespace and everything in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import marshal
+import os
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+from tempering.errors import SandboxStartError
+from tempering.sandbox import cgroup
+from tempering.sandbox.files import Storage
+from tempering.sandbox.host import host, spawner
+from tempering.sandbox.local import bwrap_argv, read_child_pid
+from tempering.sandbox.native import home
+from tempering.sandbox.spec import SandboxSpec
+
+START_TIMEOUT_S = 30.0
+ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the zygote, read-only in the sandbox
+
+
+def _bundle() -> Path:
+    """The launcher and the zygote, plus the init's seccomp program, in a directory the sandbox
+    user can read (named by their digest)."""
+    package = resources.files("tempering.reward")
+    files = {name: package.joinpath(name).read_bytes() for name in ("inside.py",
+                                                                    "inside_zygote.py")}
+    seccomp = subprocess.run([host().init, "--seccomp-filter"], capture_output=True,
+                             check=True).stdout
+    files["seccomp.bpf"] = seccomp
+    digest = hashlib.sha256(b"".join(files.values())).hexdigest()[:16]
+    dest = home() / "zygote" / digest
+    if not dest.exists():
+        tmp = dest.with_name(f".tmp-{secrets.token_hex(4)}")
+        tmp.mkdir(parents=True, mode=0o755)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        os.chmod(dest.parent, 0o755)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process published it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+class Forked:
+    """One grading process in its own fresh sandbox, forked by the zygote."""
+
+    def __init__(self, channel: socket.socket, status: socket.socket, pid: int,
+                 group: cgroup.SandboxCgroup, storage: Storage) -> None:
+        self.channel, self.status, self.pid = channel, status, pid
+        self.group, self.storage = group, storage
+
+    async def run(self, config: dict[str, object],
+                  timeout: float) -> tuple[str, bool, bool, int | None]:
+        """Send the configuration and collect the report: (text, timed_out, oom_killed, exit
+        code of the grading process as its parent saw it)."""
+        loop = asyncio.get_running_loop()
+        ooms = self.group.oom_kills()
+        await loop.sock_sendall(self.channel, marshal.dumps(config))
+        parts: list[bytes] = []
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout):
+                while record := await loop.sock_recv(self.channel, 1 << 16):
+                    parts.append(record)
+        except TimeoutError:
+            timed_out = True
+        self.kill()
+        oom = self.group.oom_kills() > ooms
+        code: int | None = None
+        with contextlib.suppress(TimeoutError, OSError, struct.error):
+            async with asyncio.timeout(2.0):
+                code = struct.unpack("i", await loop.sock_recv(self.status, 4))[0]
+        return b"".join(parts).decode("utf-8", errors="replace"), timed_out, oom, code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.kill()
+        self.channel.close()
+        self.status.close()
+        with contextlib.suppress(OSError):
+            self.group.remove(timeout=2.0)
+
+
+class Zygote:
+    """One zygote sandbox; ``fork()`` gives fresh grading sandboxes of ``spec``'s limits."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self._control: socket.socket | None = None
+        self._pid = 0
+        self._exit: asyncio.Future[int] | None = None
+        self._group = cgroup.SandboxCgroup(host().hierarchy, host().tag,
+                                           f"zyg-{secrets.token_hex(6)}")
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        bundle = await asyncio.to_thread(_bundle)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_r, info_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        args = bwrap_argv(self.spec, ["--ro-bind", str(bundle), ZYGOTE_DIR],
+                          ["/usr/bin/python3", "-I", "-B", f"{ZYGOTE_DIR}/inside_zygote.py",
+                           "3", f"{ZYGOTE_DIR}/seccomp.bpf"])
+        try:
+            started, self._exit = spawner().request(
+                args, [devnull, devnull, devnull, theirs.fileno(), info_w])
+        finally:
+            for fd in (devnull, info_w):
+                os.close(fd)
+            theirs.close()
+        self._control = ours
+        ours.setblocking(False)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await started
+                self._pid = await read_child_pid(info_r)
+                self._group.create(memory_mb=1024, pids=4096, cpus=self.spec.cpus)
+                self._group.attach(self._pid)
+                if await asyncio.get_running_loop().sock_recv(ours, 64) != b"ready":
+                    raise SandboxStartError("the grading zygote did not start")
+        except (OSError, TimeoutError) as exc:
+            raise SandboxStartError(f"the grading zygote did not start: {exc}") from None
+        finally:
+            os.close(info_r)
+
+    @property
+    def alive(self) -> bool:
+        return self._control is not None and self._exit is not None and not self._exit.done()
+
+    async def fork(self) -> Forked:
+        """A grading process in fresh namespaces, in a cgroup of its own, waiting for files."""
+        if not self.alive or self._control is None:
+            raise SandboxStartError("the grading zygote is not running")
+        h, spec = host(), self.spec
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status, their_status = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        ours.setblocking(False)
+        status.setblocking(False)
+        request = {"disk": spec.disk_mb << 20, "workdir": spec.workdir, "uid": 1000,
+                   "gid": 1000}
+        try:
+            async with self._lock:
+                socket.send_fds(self._control, [marshal.dumps(request)],
+                                [theirs.fileno(), their_status.fileno()])
+        except OSError as exc:
+            for sock in (ours, theirs, status, their_status):
+                sock.close()
+            raise SandboxStartError(f"the grading zygote is gone: {exc}") from None
+        theirs.close()
+        their_status.close()
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(ours.fileno(), lambda: None if ready.done() else ready.set_result(None))
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await ready
+        except TimeoutError:
+            ours.close()
+            status.close()
+            raise SandboxStartError("a grading process of the zygote never started") from None
+        finally:
+            loop.remove_reader(ours.fileno())
+        message, ancillary, _, _ = ours.recvmsg(64, socket.CMSG_SPACE(12))
+        pid = next((struct.unpack("3i", data)[0] for level, kind, data in ancillary
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), 0)
+        if message != b"ready" or pid <= 0:
+            ours.close()
+            status.close()
+            raise SandboxStartError("a grading process of the zygote failed to start")
+        group = cgroup.SandboxCgroup(h.hierarchy, h.tag, f"grd-{secrets.token_hex(6)}")
+        group.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
+        group.attach(pid)
+        root = f"/proc/{pid}/root"
+        storage = Storage({spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"},
+                          spec.workdir, h.uid, h.gid)
+        return Forked(ours, status, pid, group, storage)
+
+    async def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+        if self._exit is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._exit), 5.0)
+        with contextlib.suppress(OSError):
+            self._group.remove(timeout=2.0)
