@@ -306,3 +306,24 @@ async def test_btrfs_ioctls_are_refused(sb) -> None:
             "try:\n    fcntl.ioctl(fd, 0x5000940e, bytearray(4096))\n    print('allowed')\n"
             "except OSError as e:\n    print(e.errno)")
     assert (await sb.exec(["python3", "-c", code])).stdout == "1\n"
+
+
+async def test_commands_cannot_trace_the_init(sb) -> None:
+    """The fork server runs as the same user as the commands; it is not dumpable, so a command
+    cannot attach to it, read its memory or steal its control socket."""
+    r = await sb.exec(["python3", "-c",
+                       "import ctypes, os\n"
+                       "libc = ctypes.CDLL(None, use_errno=True)\n"
+                       "print(libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
+                       "try:\n"
+                       "    open('/proc/1/mem', 'rb').read(1)\n"
+                       "    print('mem readable')\n"
+                       "except OSError as exc:\n"
+                       "    print('mem', exc.errno)\n"
+                       "try:\n"
+                       "    print('fd', os.readlink('/proc/1/fd/3'))\n"
+                       "except OSError as exc:\n"
+                       "    print('fd', exc.errno)\n"])
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("-1 "), r.stdout + r.stderr
+    assert lines[1] == "mem 13" and lines[2] == "fd 13", r.stdout  # EACCES, EACCES

@@ -480,6 +480,8 @@ int main(int argc, char **argv) {
     if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
     /* In a container the engine already made us the unprivileged user, with no capability. */
     if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
+    /* Commands run as the same user: without this they could ptrace the fork server. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     install_seccomp();
 
     sigset_t mask;
