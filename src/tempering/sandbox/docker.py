@@ -33,15 +33,14 @@ import secrets
 import shutil
 import socket
 import weakref
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tempering.errors import SandboxClosedError, SandboxError, SandboxStartError
+from tempering.errors import SandboxError, SandboxStartError
 from tempering.sandbox import cgroup
-from tempering.sandbox.base import Process, Sink, ensure_open
+from tempering.sandbox.base import ensure_open
 from tempering.sandbox.engine import Engine, EngineError
-from tempering.sandbox.files import HostFileSandbox, Storage
+from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import make_volume, reclaim_volumes, storage_for, volumes
 from tempering.sandbox.image import REPOSITORY, USER_UID, build_recipe
@@ -76,7 +75,7 @@ def default_image() -> str:
     return f"{REPOSITORY}:latest"
 
 
-class DockerSandbox(HostFileSandbox):
+class DockerSandbox(InitSandbox):
     """A sandbox that is one container on the local Docker engine."""
 
     _reclaimed = False
@@ -248,10 +247,6 @@ class DockerSandbox(HostFileSandbox):
             return raw.decode(errors="replace").strip()[-500:] or "no output"
         return "no output"
 
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._dead is not None
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -268,17 +263,7 @@ class DockerSandbox(HostFileSandbox):
                 await asyncio.to_thread(volumes().destroy, self._volume)
                 self._volume = None
 
-    def _on_death(self, why: str) -> None:
-        self._dead = why
-
     # ---- Sandbox primitives ----
-
-    async def _spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
-                     stdout: Sink, stderr: Sink, stdin: bytes | object | None) -> Process:
-        ensure_open(self)
-        if self._channel is None:
-            raise SandboxClosedError(f"sandbox {self.id} is not running")
-        return self._channel.spawn(argv, env, cwd, stdout, stderr, stdin)
 
     def _command_finished(self) -> None:
         if self._volume is not None:  # written back while idle, so a fork stays O(1)

@@ -21,11 +21,17 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
-from tempering.errors import SandboxError, SandboxFileNotFoundError, SandboxPathError
-from tempering.sandbox.base import Sandbox, ensure_open
+from tempering.errors import (
+    SandboxClosedError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxPathError,
+)
+from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
+from tempering.sandbox.forkserver import InitChannel
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
@@ -396,3 +402,26 @@ class HostFileSandbox(Sandbox):
 
     async def list(self, path: str = ".") -> list[str]:
         return self._files().listdir(path)
+
+
+class InitSandbox(HostFileSandbox):
+    """A sandbox whose PID 1 is ``init.c``, reached over an ``InitChannel``: commands are forks
+    of that init, and the sandbox is dead once the init is gone (local and docker backends)."""
+
+    _channel: InitChannel | None = None
+    _closed: bool = False
+    _dead: str | None = None  # why the init went away, if it did
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._dead is not None
+
+    def _on_death(self, why: str) -> None:
+        self._dead = why
+
+    async def _spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
+                     stdout: Sink, stderr: Sink, stdin: bytes | object | None) -> Process:
+        ensure_open(self)
+        if self._channel is None:
+            raise SandboxClosedError(f"sandbox {self.id} is not running")
+        return self._channel.spawn(argv, env, cwd, stdout, stderr, stdin)

@@ -31,7 +31,7 @@ import secrets
 import signal
 import socket
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -40,8 +40,8 @@ from tempering.errors import (
     SandboxStartError,
 )
 from tempering.sandbox import cgroup
-from tempering.sandbox.base import Process, Sink, ensure_open
-from tempering.sandbox.files import HostFileSandbox, Storage
+from tempering.sandbox.base import ensure_open
+from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     host,
@@ -86,7 +86,7 @@ def _close_all_at_exit() -> None:
             cgroup.remove_cgroup(path, timeout=2.0)
 
 
-class LocalSandbox(HostFileSandbox):
+class LocalSandbox(InitSandbox):
     """A sandbox made of Linux namespaces on this host."""
 
     _reclaimed = False  # whether this process has cleaned up after crashed ones yet
@@ -222,10 +222,6 @@ class LocalSandbox(HostFileSandbox):
                 detail = os.read(self._bwrap_stderr, 65536)
         return detail.decode(errors="replace").strip() or str(exc) or type(exc).__name__
 
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._dead is not None
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -263,16 +259,7 @@ class LocalSandbox(HostFileSandbox):
             with contextlib.suppress(OSError, SandboxError):
                 volumes().destroy(self._volume)
 
-    def _on_death(self, why: str) -> None:
-        self._dead = why
-
     # ---- Sandbox primitives ----
-
-    async def _spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str,
-                     stdout: Sink, stderr: Sink, stdin: bytes | object | None) -> Process:
-        ensure_open(self)
-        assert self._channel is not None
-        return self._channel.spawn(argv, env, cwd, stdout, stderr, stdin)
 
     async def _oom_kills(self) -> int | None:
         return None if self.closed else self._cgroup.oom_kills()
