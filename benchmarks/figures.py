@@ -5,9 +5,16 @@ Shared by ``sandbox.py`` and ``grading.py`` (run as scripts, so this directory i
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import math
+import os
 import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -80,3 +87,54 @@ def summary(figures: list[Figure], title: str) -> Table:
                       fmt(f.value, f.unit), base, ratio, f.target, verdict(f.passed))
         previous = f.section
     return table
+
+
+Section = Callable[[], Awaitable[list[Figure]]]
+
+
+def run_benchmark(parser: argparse.ArgumentParser, names: list[str], title: str,
+                  sections: Callable[[argparse.Namespace], dict[str, Section]],
+                  machine: Callable[[], dict[str, object]]) -> None:
+    """Parse the command line (adds ``--only`` and ``--json``; ``--quick`` is the caller's),
+    run the chosen sections (one that crashes is reported and the rest still run), print the
+    summary, write the JSON, exit 1 if a section crashed."""
+    parser.add_argument("--only", type=lambda s: s.split(","),
+                        help=f"comma-separated sections out of {','.join(names)}")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    args = parser.parse_args()
+    unknown = set(args.only or ()) - set(names)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(names)}")
+    result = asyncio.run(_run(args, title, sections(args), machine()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"figures written to {args.json}")
+    sys.exit(1 if result["crashed"] else 0)
+
+
+async def _run(args: argparse.Namespace, title: str, sections: dict[str, Section],
+               info: dict[str, object]) -> dict[str, object]:
+    console.print(f"[bold]tempering {title} benchmark[/] ({'quick' if args.quick else 'full'}) "
+                  + ", ".join(f"{k} {v}" for k, v in info.items()))
+    figures: list[Figure] = []
+    crashed: dict[str, str] = {}
+    started = time.perf_counter()
+    for name in args.only or list(sections):
+        console.rule(name)
+        section_start = time.perf_counter()
+        try:
+            figures += await sections[name]()
+        except Exception as exc:
+            console.print_exception()
+            crashed[name] = repr(exc)
+        console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
+    total = time.perf_counter() - started
+    console.print()
+    console.print(summary(figures, title))
+    load = os.getloadavg()[0]  # other jobs on the host show here, and in every ratio's spread
+    console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
+                  f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"
+                                         if crashed else ""))
+    return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
+            "crashed": crashed, "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}

