@@ -228,5 +228,6 @@ def main() -> None:
 def sections(args: argparse.Namespace) -> dict[str, Section]:
     return {name: (lambda f=f: f(args)) for name, f in SECTIONS.items()}
 
+
 if __name__ == "__main__":
     main()

@@ -601,5 +601,6 @@ def sections(args: argparse.Namespace) -> dict[str, Section]:
     scale = QUICK if args.quick else FULL
     return {name: (lambda f=f: f(scale, args)) for name, f in SECTIONS.items()}
 
+
 if __name__ == "__main__":
     main()

@@ -78,8 +78,6 @@ def default_image() -> str:
 class DockerSandbox(InitSandbox):
     """A sandbox that is one container on the local Docker engine."""
 
-    _reclaimed = False
-
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
         self.id = f"sbx-{secrets.token_hex(6)}"
@@ -99,18 +97,9 @@ class DockerSandbox(InitSandbox):
         self._dead: str | None = None
 
     @classmethod
-    async def create(cls, spec: SandboxSpec) -> DockerSandbox:
-        if not DockerSandbox._reclaimed:
-            DockerSandbox._reclaimed = True
-            await cls.reclaim_async()
-            atexit.register(_remove_all_at_exit)
-        sb = cls(spec)
-        try:
-            await sb._start()
-        except BaseException:
-            await sb.close()
-            raise
-        return sb
+    async def _prepare_host(cls) -> None:
+        await cls.reclaim_async()
+        atexit.register(_remove_all_at_exit)
 
     @classmethod
     def reclaim(cls) -> int:

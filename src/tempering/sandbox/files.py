@@ -14,6 +14,7 @@ exactly the rights of the user inside, and what it creates is owned by that user
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import ctypes
@@ -22,7 +23,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, Self, TypeVar
 
 from tempering.errors import (
     SandboxClosedError,
@@ -32,6 +33,7 @@ from tempering.errors import (
 )
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.forkserver import InitChannel
+from tempering.sandbox.spec import SandboxSpec
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
@@ -411,6 +413,33 @@ class InitSandbox(HostFileSandbox):
     _channel: InitChannel | None = None
     _closed: bool = False
     _dead: str | None = None  # why the init went away, if it did
+    _prepared: bool = False  # set on each backend class once this process prepared its host
+
+    @abc.abstractmethod
+    def __init__(self, spec: SandboxSpec) -> None:
+        """A sandbox of ``spec``, not started yet."""
+
+    @abc.abstractmethod
+    async def _start(self) -> None:
+        """Start the sandbox's init and wait until it is ready."""
+
+    @classmethod
+    async def _prepare_host(cls) -> None:  # noqa: B027 - a hook, empty unless a backend needs it
+        """Once per process and backend, before its first sandbox (reclaim what crashed
+        processes left, register the clean-up at exit)."""
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec) -> Self:
+        if not cls.__dict__.get("_prepared", False):  # each backend class once
+            cls._prepared = True
+            await cls._prepare_host()
+        sb = cls(spec)
+        try:
+            await sb._start()
+        except BaseException:
+            await sb.close()
+            raise
+        return sb
 
     @property
     def closed(self) -> bool:

@@ -89,8 +89,6 @@ def _close_all_at_exit() -> None:
 class LocalSandbox(InitSandbox):
     """A sandbox made of Linux namespaces on this host."""
 
-    _reclaimed = False  # whether this process has cleaned up after crashed ones yet
-
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
         self.id = f"sbx-{secrets.token_hex(6)}"
@@ -121,19 +119,10 @@ class LocalSandbox(InitSandbox):
         return reclaim()
 
     @classmethod
-    async def create(cls, spec: SandboxSpec) -> LocalSandbox:
-        if not LocalSandbox._reclaimed:  # once per process, before the first sandbox
-            LocalSandbox._reclaimed = True
-            await asyncio.to_thread(cls.reclaim)
-            await asyncio.to_thread(storage_for, "auto")  # may mount the volume pool
-            atexit.register(_close_all_at_exit)
-        sb = cls(spec)
-        try:
-            await sb._start()
-        except BaseException:
-            await sb.close()
-            raise
-        return sb
+    async def _prepare_host(cls) -> None:
+        await asyncio.to_thread(cls.reclaim)
+        await asyncio.to_thread(storage_for, "auto")  # may mount the volume pool
+        atexit.register(_close_all_at_exit)
 
     def _new_volume(self, snapshot_of: str | None) -> str:
         """Create (or snapshot) this sandbox's volume, with a workdir and /tmp of its user."""
