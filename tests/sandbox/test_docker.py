@@ -4,6 +4,7 @@ process reclaimed, the hardening the container is created with."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -14,6 +15,18 @@ from tempering.sandbox import SandboxSpec, open_sandbox
 from tempering.sandbox.engine import Engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
+
+
+def _python(script: str, status: int = 0) -> str:
+    """Run ``script`` in a Python process of its own; its stdout."""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == status, run.stderr
+    return run.stdout
+
+
+def _containers_of(sandbox: str) -> int:
+    return len(asyncio.run(Engine().containers(f"tempering.sandbox={sandbox}")))
 
 
 async def test_a_missing_image_names_itself_and_the_fix() -> None:
@@ -47,22 +60,12 @@ def test_reclaim_removes_a_crashed_process_containers() -> None:
              "    print(sb.id, flush=True)\n"
              "    os._exit(1)  # no cleanup: the container stays behind\n"
              "asyncio.run(main())\n")
-    run = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 1, run.stderr
-    sandbox = run.stdout.strip()
+    sandbox = _python(crash, status=1).strip()
     reclaim = ("import asyncio\n"
                "from tempering.sandbox.docker import DockerSandbox\n"
                "print(asyncio.run(DockerSandbox.reclaim_async()))\n")
-    done = subprocess.run([sys.executable, "-c", reclaim], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) >= 1
-    left = subprocess.run([sys.executable, "-c",
-                           "import asyncio\nfrom tempering.sandbox.engine import Engine\n"
-                           f"print(len(asyncio.run(Engine().containers('tempering.sandbox={sandbox}'))))"],
-                          capture_output=True, text=True, timeout=60)
-    assert left.stdout.strip() == "0", left.stderr
+    assert int(_python(reclaim)) >= 1
+    assert _containers_of(sandbox) == 0
 
 
 async def test_a_task_recipe_builds_from_a_local_image_and_runs(tmp_path) -> None:
@@ -114,15 +117,8 @@ def test_a_process_that_forgets_to_close_leaves_nothing() -> None:
               "    sb = await open_sandbox(SandboxSpec(backend='docker'))\n"
               "    print(sb.id, sb.storage, flush=True)\n"
               "asyncio.run(main())\n")
-    run = subprocess.run([sys.executable, "-c", forget], capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0, run.stderr
-    sandbox, storage = run.stdout.split()
-    count = ("import asyncio\nfrom tempering.sandbox.engine import Engine\n"
-             f"print(len(asyncio.run(Engine().containers('tempering.sandbox={sandbox}'))))")
-    left = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True,
-                          timeout=60)
-    assert left.stdout.strip() == "0", left.stderr
+    sandbox, storage = _python(forget).split()
+    assert _containers_of(sandbox) == 0
     if storage == "volume":
         from tempering.sandbox.host import volumes
 
