@@ -265,9 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_options(demo, ["memory_mb", "cpus", "storage"])
     demo.set_defaults(func=_cmd_demo)
 
-    sandbox = commands.add_parser("sandbox", help="work with single sandboxes",
-                                  description="Work with single sandboxes.")
-    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", metavar="COMMAND")
+    sandbox_commands = command_group(commands, "sandbox", "work with single sandboxes")
     run = sandbox_commands.add_parser(
         "run", help="run one command in a fresh sandbox",
         description="Run one command in a fresh sandbox and remove the sandbox afterwards. The "
@@ -283,7 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                      help="the command and its arguments")
     run.set_defaults(func=_cmd_sandbox_run)
-    sandbox.set_defaults(func=lambda _: help_of(sandbox))
 
     doctor = commands.add_parser(
         "doctor", help="check that this host can run local sandboxes",
@@ -301,9 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "containers were removed. Safe while other tempering processes run: only "
                     "dead owners' leftovers are touched.")
     reclaim.set_defaults(func=_cmd_reclaim)
-    image = commands.add_parser("image", help="build the docker backend's images",
-                                description="Build the docker backend's images.")
-    image_commands = image.add_subparsers(dest="image_command", metavar="COMMAND")
+    image_commands = command_group(commands, "image", "build the docker backend's images")
     build = image_commands.add_parser(
         "build", help="build the default image (Python 3 with pytest) from this host's packages",
         description="Build the docker backend's default image, tempering/python:<digest> (also "
@@ -319,13 +314,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tag for --recipe (default: tempering/task:<digest of DIR>)")
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     build.set_defaults(func=_cmd_image_build)
-    image.set_defaults(func=lambda _: help_of(image))
 
     from tempering.tasks.commands import add_task_commands
 
     add_task_commands(commands)
     parser.set_defaults(func=lambda _: help_of(parser))
     return parser
+
+
+def command_group(commands: Any, name: str, summary: str) -> Any:
+    """A command with subcommands (``tempering NAME COMMAND``); alone, it prints its help."""
+    group = commands.add_parser(name, help=summary, description=f"{summary[0].upper()}"
+                                f"{summary[1:]}.")
+    group.set_defaults(func=lambda _: help_of(group))
+    return group.add_subparsers(dest=f"{name}_command", metavar="COMMAND")
 
 
 def help_of(parser: argparse.ArgumentParser) -> int:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tempering.cli import help_of, positive_int
+from tempering.cli import command_group, positive_int
 from tempering.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -103,9 +103,7 @@ def add_task_commands(commands: Any) -> None:
     grade.add_argument("--json", action="store_true", help="print only the JSON, on one line")
     grade.set_defaults(func=_cmd_grade)
 
-    tasks = commands.add_parser("tasks", help="work with task directories",
-                                description="Work with task directories.")
-    task_commands = tasks.add_subparsers(dest="tasks_command", metavar="COMMAND")
+    task_commands = command_group(commands, "tasks", "work with task directories")
     validate = task_commands.add_parser(
         "validate", help="check that tasks are valid and can teach",
         description="Load each task (every bad field is named), then grade its reference "
@@ -121,4 +119,3 @@ def add_task_commands(commands: Any) -> None:
     validate.add_argument("--all", action="store_true",
                           help="list every task, not only the invalid ones")
     validate.set_defaults(func=_cmd_tasks_validate)
-    tasks.set_defaults(func=lambda _: help_of(tasks))
