@@ -6,6 +6,7 @@
     │   ├── SandboxUnavailableError (RuntimeError)   the backend cannot run on this host
     │   ├── SandboxStartError                  a sandbox failed to start
     │   ├── SandboxClosedError                 the sandbox (or session) is closed or died
+    │   ├── SandboxTimeoutError (TimeoutError) the sandbox stopped answering
     │   ├── SandboxPathError (ValueError)      a path leaves the sandbox or is not a plain file
     │   │   └── SandboxFileNotFoundError (FileNotFoundError)   nothing at that path
     │   ├── SandboxNotFoundError (LookupError) no sandbox under that id
@@ -14,6 +15,7 @@
     ├── SchedulerError                        scheduling and resources
     ├── StorageError                          trajectory storage
     └── PolicyError                           inference engines
+        └── PolicyTimeoutError (TimeoutError)  the engine or server did not answer in time
 
 Each error mixes in the builtin a caller would naturally catch, so ``except ValueError`` still
 sees a bad path. Messages name the offending value and say what to do.
@@ -42,6 +44,13 @@ class SandboxStartError(SandboxError):
 
 class SandboxClosedError(SandboxError):
     """The sandbox or shell session is closed, or died underneath the caller."""
+
+
+class SandboxTimeoutError(SandboxError, TimeoutError):
+    """The sandbox did not answer a call within its grace period (frozen, overloaded, lost).
+
+    Not a command that ran long: that is the command's own timeout, reported in its result.
+    """
 
 
 class SandboxPathError(SandboxError, ValueError):
@@ -80,3 +89,7 @@ class StorageError(TemperingError):
 
 class PolicyError(TemperingError):
     """An inference engine failed."""
+
+
+class PolicyTimeoutError(PolicyError, TimeoutError):
+    """An inference engine or server did not answer within its timeout, retries included."""

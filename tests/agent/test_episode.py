@@ -1,0 +1,255 @@
+"""Episodes end to end: a scripted policy acting in real sandboxes, graded by the real grader.
+
+Faults are injected for real: a sandbox's processes are killed or frozen from the host, a
+command loops forever. Each episode must still come back as a trajectory with the status that
+names the boundary that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tempering.agent import EpisodeConfig, run_branches, run_episode
+from tempering.agent.tools import truncate
+from tempering.policy.base import GenerateRequest, Generation
+from tempering.policy.scripted import ScriptedPolicy
+from tempering.reward import Grader
+from tempering.sandbox import Sandbox, open_sandbox
+from tempering.tasks import load_task
+from tempering.trajectory.schema import Status
+
+MEDIAN = Path(__file__).parents[2] / "examples" / "tasks" / "median"
+SOLUTION = (MEDIAN / "solution" / "stats.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def task():  # type: ignore[no-untyped-def]
+    return load_task(MEDIAN)
+
+
+@pytest.fixture
+async def grader():  # type: ignore[no-untyped-def]
+    async with Grader() as g:
+        yield g
+
+
+def _pids(sb: Sandbox) -> list[int]:
+    paths = sb._cgroup.paths  # type: ignore[attr-defined]
+    procs = next(iter(paths.values())) / "cgroup.procs"
+    return [int(p) for p in procs.read_text().split()]
+
+
+class Faulty:
+    """Wraps a policy; before turn ``at`` it runs ``fault`` on the sandbox (from the host)."""
+
+    def __init__(self, inner: ScriptedPolicy, at: int, fault: Any) -> None:
+        self.inner, self.at, self.fault, self.name = inner, at, fault, "faulty"
+        self.sandbox: Sandbox | None = None
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        turn = sum(1 for m in request.messages if m.role == "assistant")
+        if turn == self.at and self.sandbox is not None:
+            self.fault(self.sandbox)
+        return await self.inner.generate(request)
+
+
+async def test_solving_episode_is_graded_and_recorded_step_by_step(task, grader) -> None:
+    policy = ScriptedPolicy([
+        ("read_file", {"path": "stats.py"}),
+        ("write_file", {"path": "stats.py", "content": SOLUTION}),
+        ("bash", {"command": "python3 -c 'import stats; print(stats.median([3, 1, 2]))'"}),
+        ("submit", {}),
+    ])
+    traj = await run_episode(task, policy, grader=grader, run_id="r1", group_id="g1")
+    assert traj.status == Status.OK and traj.finish_reason == "submit"
+    assert traj.reward is not None and traj.reward.reward == 1.0
+    assert [s.action for s in traj.steps] == ["read_file", "write_file", "bash", "submit"]
+    assert "raise NotImplementedError" in traj.steps[0].observation
+    assert traj.steps[2].observation.strip() == "2" and traj.steps[2].exit_code == 0
+    assert json.loads(traj.steps[1].arguments)["path"] == "stats.py"
+    assert traj.task_id == "median" and traj.run_id == "r1" and traj.group_id == "g1"
+    assert {t["function"]["name"] for t in json.loads(traj.tools)} >= {"bash", "submit"}
+
+
+async def test_shell_state_persists_across_bash_calls(task, grader) -> None:
+    policy = ScriptedPolicy([
+        ("bash", {"command": "mkdir -p sub && cd sub && export GREETING=hello"}),
+        ("bash", {"command": "pwd; echo $GREETING"}),
+    ])
+    traj = await run_episode(task, policy, grader=grader)
+    cwd, greeting = traj.steps[1].observation.split()
+    assert cwd.endswith("/sub") and greeting == "hello"
+
+
+async def test_malformed_calls_are_observations_and_the_model_can_recover(task, grader) -> None:
+    policy = ScriptedPolicy([
+        "I will call <tool_call>{not json</tool_call>",
+        "no tool call at all",
+        ("frobnicate", {}),
+        ("read_file", {}),
+        ("str_replace", {"path": "stats.py", "old": "nothing like this", "new": "x"}),
+        ("read_file", {"path": "missing.py"}),
+        ("write_file", {"path": "stats.py", "content": SOLUTION}),
+        ("submit", {}),
+    ])
+    traj = await run_episode(task, policy, grader=grader,
+                             config=EpisodeConfig(max_consecutive_errors=10))
+    assert traj.status == Status.OK and traj.reward is not None and traj.reward.reward == 1.0
+    actions = [s.action for s in traj.steps]
+    assert actions[:4] == ["invalid", "message", "frobnicate", "read_file"]
+    errors = [s.error for s in traj.steps[:6]]
+    assert all(errors), errors
+    assert "not valid JSON" in traj.steps[0].observation
+    assert "unknown tool 'frobnicate'" in traj.steps[2].observation
+    assert "needs string argument(s) path" in traj.steps[3].observation
+    assert "it was not found" in traj.steps[4].observation
+    assert "missing.py" in traj.steps[5].observation
+
+
+async def test_too_many_errors_in_a_row_is_a_model_error_and_still_graded(task, grader) -> None:
+    policy = ScriptedPolicy(["garbage"] * 5)
+    traj = await run_episode(task, policy, grader=grader,
+                             config=EpisodeConfig(max_consecutive_errors=3))
+    assert traj.status == Status.MODEL_ERROR and traj.finish_reason == "errors"
+    assert len(traj.steps) == 3 and traj.reward is not None and traj.reward.reward == 0.0
+
+
+async def test_long_observations_keep_head_and_tail(task, grader) -> None:
+    policy = ScriptedPolicy([("bash", {"command": "echo START; seq 1 20000; echo END"})])
+    traj = await run_episode(task, policy, grader=grader,
+                             config=EpisodeConfig(observation_limit=500, max_turns=1))
+    obs = traj.steps[0].observation
+    assert obs.startswith("START") and obs.rstrip().endswith("END")
+    assert "characters omitted" in obs and len(obs) <= 520
+    assert traj.finish_reason == "max_turns" and traj.status == Status.OK
+    assert truncate("abc", 10) == "abc"
+
+
+async def test_give_up_has_its_own_reward_and_tampering_is_zeroed(task, grader) -> None:
+    gave_up = await run_episode(task, ScriptedPolicy([("give_up", {})]), grader=grader,
+                                config=EpisodeConfig(give_up_reward=0.05))
+    assert gave_up.status == Status.OK and gave_up.finish_reason == "give_up"
+    assert gave_up.reward is not None and gave_up.reward.reward == 0.05
+    assert "gave_up" in gave_up.reward.flags
+    cheat = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+             "def pytest_runtest_makereport(item, call):\n"
+             "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+    tampered = await run_episode(task, ScriptedPolicy([
+        ("write_file", {"path": "conftest.py", "content": cheat}), ("submit", {})]),
+        grader=grader)
+    assert tampered.status == Status.TAMPERED
+    assert tampered.reward is not None and tampered.reward.reward == 0.0
+    assert gave_up.reward.reward > tampered.reward.reward
+
+
+async def test_command_that_loops_forever_is_a_model_timeout(task, grader) -> None:
+    policy = ScriptedPolicy([("bash", {"command": "while :; do :; done"}),
+                             ("submit", {})])
+    traj = await run_episode(task, policy, grader=grader, config=EpisodeConfig(
+        wall_time_s=2.0, command_timeout_s=30.0))
+    assert traj.status == Status.MODEL_TIMEOUT and traj.finish_reason == "wall_time"
+    assert traj.steps[0].timed_out and "timed out" in traj.steps[0].observation
+    assert traj.reward is not None  # the model's failure is graded: it is learning signal
+    assert traj.duration_s < 15
+
+
+async def test_command_timeout_alone_is_an_observation(task, grader) -> None:
+    policy = ScriptedPolicy([("bash", {"command": "sleep 30"}),
+                             ("bash", {"command": "echo still here"})])
+    traj = await run_episode(task, policy, grader=grader, config=EpisodeConfig(
+        command_timeout_s=0.5, max_turns=2))
+    assert traj.status == Status.OK and traj.steps[0].timed_out
+    assert traj.steps[1].observation.strip() == "still here"
+
+
+async def test_sandbox_killed_mid_episode_is_an_infra_error(task, grader) -> None:
+    def kill(sb: Sandbox) -> None:
+        for pid in _pids(sb):
+            os.kill(pid, signal.SIGKILL)
+
+    policy = Faulty(ScriptedPolicy([("bash", {"command": "echo one"}),
+                                    ("bash", {"command": "echo two"})]), at=1, fault=kill)
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        policy.sandbox = sb
+        traj = await asyncio.wait_for(run_episode(task, policy, grader=grader, sandbox=sb), 60)
+    assert traj.status == Status.INFRA_ERROR, traj.error
+    assert traj.reward is None and traj.error and "Sandbox" in traj.error
+    assert traj.steps[0].observation.strip() == "one"
+
+
+async def test_frozen_sandbox_is_an_env_timeout(task, grader) -> None:
+    frozen: list[int] = []
+
+    def freeze(sb: Sandbox) -> None:
+        for pid in _pids(sb):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+    policy = Faulty(ScriptedPolicy([("bash", {"command": "echo one"}),
+                                    ("bash", {"command": "echo two"})]), at=1, fault=freeze)
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        policy.sandbox = sb
+        try:
+            traj = await asyncio.wait_for(run_episode(
+                task, policy, grader=grader, sandbox=sb,
+                config=EpisodeConfig(command_timeout_s=1.0, env_grace_s=1.0)), 60)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+    assert traj.status == Status.ENV_TIMEOUT, (traj.status, traj.error)
+    assert traj.reward is None and "did not answer" in (traj.error or "")
+
+
+async def test_sandbox_that_cannot_start_is_still_a_trajectory(task, grader) -> None:
+    broken = task.sandbox.model_copy(update={"rootfs": "/nonexistent/rootfs"})
+    bad_task = type(task)(config=task.config.model_copy(update={"sandbox": broken}),
+                          instruction=task.instruction, workspace=task.workspace,
+                          tests=task.tests, root=task.root)
+    traj = await run_episode(bad_task, ScriptedPolicy([]), grader=grader)
+    assert traj.status == Status.INFRA_ERROR and traj.steps == []
+    assert traj.error and traj.error.startswith("sandbox:")
+
+
+class PerEpisode:
+    """Each new episode id gets the next script: siblings of a branch act differently."""
+
+    def __init__(self, prefix: list[Any], scripts: list[list[Any]]) -> None:
+        self.prefix, self.scripts, self.name = prefix, scripts, "per-episode"
+        self.assigned: dict[str, int] = {}
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        turn = sum(1 for m in request.messages if m.role == "assistant")
+        if turn < len(self.prefix):
+            return await ScriptedPolicy(self.prefix).generate(request)
+        index = self.assigned.setdefault(request.episode_id, len(self.assigned))
+        script = self.prefix + self.scripts[index]
+        return await ScriptedPolicy(script).generate(request)
+
+
+async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grader) -> None:
+    prefix = [("write_file", {"path": "notes.txt", "content": "from the prefix"}),
+              ("bash", {"command": "mkdir -p deep && cd deep && export MARK=prefix"})]
+    good = [("bash", {"command": "pwd; echo $MARK; cat ../notes.txt"}),
+            ("write_file", {"path": "stats.py", "content": SOLUTION}), ("submit", {})]
+    bad = [("bash", {"command": "pwd; echo $MARK; cat ../notes.txt"}), ("submit", {})]
+    policy = PerEpisode(prefix, [good, bad, bad])
+    trajs = await run_branches(task, policy, at=2, n=3, grader=grader)
+    assert len(trajs) == 3 and len({t.trajectory_id for t in trajs}) == 3
+    assert len({t.parent_id for t in trajs}) == 1 and trajs[0].parent_id
+    assert all(t.branch_step == 2 and t.group_id == trajs[0].group_id for t in trajs)
+    for t in trajs:
+        assert [s.inherited for s in t.steps[:2]] == [True, True]
+        assert not any(s.inherited for s in t.steps[2:])
+        words = t.steps[2].observation.split()
+        assert words[0].endswith("/deep") and words[1:] == ["prefix", "from", "the", "prefix"]
+    rewards = sorted(t.reward.reward for t in trajs if t.reward is not None)
+    assert rewards == [0.0, 0.0, 1.0]  # the siblings' sandboxes are independent
