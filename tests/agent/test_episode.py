@@ -253,3 +253,17 @@ async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grade
         assert words[0].endswith("/deep") and words[1:] == ["prefix", "from", "the", "prefix"]
     rewards = sorted(t.reward.reward for t in trajs if t.reward is not None)
     assert rewards == [0.0, 0.0, 1.0]  # the siblings' sandboxes are independent
+
+
+async def test_harness_out_of_memory_is_an_infra_error(task, grader) -> None:
+    def exhaust(sb: Sandbox) -> None:
+        bytearray(1 << 46)  # 64 TiB: the harness's allocator fails for real
+
+    policy = Faulty(ScriptedPolicy([("bash", {"command": "echo one"}),
+                                    ("bash", {"command": "echo two"})]), at=1, fault=exhaust)
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        policy.sandbox = sb
+        traj = await run_episode(task, policy, grader=grader, sandbox=sb)
+    assert traj.status == Status.INFRA_ERROR and traj.error
+    assert traj.error.startswith("MemoryError") and len(traj.steps) == 1
