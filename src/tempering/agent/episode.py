@@ -240,7 +240,15 @@ class Episode:
             grade_s = time.perf_counter() - t0
             if reward is not None and reward.tampered:
                 ending = Ending(Status.TAMPERED, ending.reason, ending.error)
-        trajectory = Trajectory(
+        trajectory = self.trajectory(ending, reward, grade_s)
+        if self.recorder is not None:
+            self.recorder.append(trajectory)
+        return trajectory
+
+    def trajectory(self, ending: Ending, reward: RewardResult | None = None,
+                   grade_s: float = 0.0) -> Trajectory:
+        """The episode as it stands, ended by ``ending`` (not recorded)."""
+        return Trajectory(
             trajectory_id=self.trajectory_id, run_id=self.run_id, task_id=self.task.id,
             group_id=self.group_id, sample_index=self.sample_index, parent_id=self.parent_id,
             branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
@@ -249,9 +257,6 @@ class Episode:
             finish_reason=ending.reason, error=ending.error, reward=reward,
             started_at=self.started_at, duration_s=time.time() - self.started_at,
             grade_s=grade_s)
-        if self.recorder is not None:
-            self.recorder.append(trajectory)
-        return trajectory
 
     async def _grade(self) -> RewardResult:
         from tempering.reward import grade
