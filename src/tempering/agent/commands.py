@@ -1,0 +1,160 @@
+"""``tempering rollout``: play episodes of tasks with a policy and store their trajectories.
+
+Each task gets one group of ``--samples`` episodes; episodes run ``--concurrency`` at a time
+with one shared grader, and every step is journaled into the run directory's trajectory store
+as it happens, so an interrupted rollout keeps what it did (``tempering traj stats RUN``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tempering.cli import UsageError, positive_int
+
+if TYPE_CHECKING:
+    from tempering.tasks.task import Task
+    from tempering.trajectory.schema import Trajectory
+
+_EPILOG = """\
+Examples:
+
+  tempering rollout examples/tasks/median --policy tiny --samples 8
+  tempering rollout humaneval:20 --policy openai:http://127.0.0.1:8000/v1 --model tiny
+  tempering traj stats runs/rollout-20261130-101500
+
+TASK is a task directory, `humaneval` (all 164 problems) or `humaneval:N` (the first N).
+POLICY is `tiny` (the local engine on a tiny model built here), `local:DIR` (a transformers
+model directory) or `openai:URL` (any OpenAI-compatible server: vLLM, SGLang, `tempering serve`;
+the key is read from $OPENAI_API_KEY).
+"""
+
+
+def _load_tasks(specs: list[str]) -> list[Task]:
+    from tempering.tasks import load_task
+
+    tasks: list[Task] = []
+    for spec in specs:
+        name, _, count = spec.partition(":")
+        if name == "humaneval":
+            from tempering.tasks.humaneval import load_humaneval
+
+            every = load_humaneval()
+            if count and (not count.isdigit() or int(count) < 1):
+                raise UsageError(f"{spec!r}: the count after humaneval: must be a whole number")
+            tasks += every[: int(count)] if count else every
+        elif Path(spec).is_dir():
+            tasks.append(load_task(spec))
+        else:
+            raise UsageError(f"task {spec!r} is neither a task directory nor humaneval[:N]")
+    return tasks
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from tempering.agent import EpisodeConfig, run_episode
+    from tempering.policy.base import SamplingParams
+    from tempering.policy.config import build_policy, parse_policy
+    from tempering.reward import Grader
+    from tempering.trajectory.schema import new_id
+    from tempering.trajectory.store import TrajectoryStore
+
+    tasks = _load_tasks(args.tasks)
+    policy_config = parse_policy(args.policy, model=args.model)
+    config = EpisodeConfig(max_turns=args.max_turns, wall_time_s=args.wall_time,
+                           sampling=SamplingParams(temperature=args.temperature,
+                                                   max_tokens=args.max_tokens, seed=args.seed))
+    run_dir = args.run_dir or Path("runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+    console = Console(stderr=True)
+    run_id = Path(run_dir).name
+    total = len(tasks) * args.samples
+
+    async def main() -> list[Trajectory]:
+        policy = build_policy(policy_config)
+        gate = asyncio.Semaphore(args.concurrency)
+        done: list[Trajectory] = []
+        try:
+            with TrajectoryStore(run_dir) as store, Progress(
+                    "[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+                bar = progress.add_task("episodes", total=total)
+                async with Grader() as grader:
+                    async def one(task: Task, group_id: str, index: int) -> None:
+                        async with gate:
+                            t = await run_episode(task, policy, config=config, grader=grader,
+                                                  recorder=store, run_id=run_id,
+                                                  group_id=group_id, sample_index=index)
+                        done.append(t)
+                        counts = Counter(str(x.status) for x in done)
+                        progress.update(bar, advance=1, description=" ".join(
+                            f"{k} {v}" for k, v in sorted(counts.items())))
+
+                    await asyncio.gather(*(one(task, new_id(), i) for task in tasks
+                                           for i in range(args.samples)))
+        finally:
+            closing = getattr(policy, "aclose", None) or getattr(policy, "close", None)
+            if closing is not None:
+                result = closing()
+                if inspect.isawaitable(result):
+                    await result
+        return done
+
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "rollout.json").write_text(json.dumps({
+        "tasks": args.tasks, "policy": policy_config.model_dump(), "samples": args.samples,
+        "episode": config.model_dump()}, indent=2) + "\n")
+    trajectories = asyncio.run(main())
+    table = Table(title=f"{len(trajectories)} episodes in {run_dir}", title_justify="left")
+    for col in ("status", "episodes", "mean reward", "mean steps"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    by_status: dict[str, list[Any]] = {}
+    for t in trajectories:
+        by_status.setdefault(str(t.status), []).append(t)
+    for status, group in sorted(by_status.items()):
+        rewards = [t.reward_value for t in group if t.reward_value is not None]
+        table.add_row(status, str(len(group)),
+                      f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+                      f"{sum(len(t.steps) for t in group) / len(group):.1f}")
+    Console().print(table)
+    print(f"query them: tempering traj stats {run_dir}")
+    return 0
+
+
+def add_rollout_command(commands: Any) -> None:
+    rollout = commands.add_parser(
+        "rollout", help="play episodes of tasks with a policy and store the trajectories",
+        description="Play episodes: for each task, a group of --samples episodes in which the "
+                    "policy acts through tools in a fresh sandbox until it submits; each is "
+                    "graded in a fresh grading sandbox and stored, step by step, in the run "
+                    "directory's trajectory store. Prints progress, then a table by status.",
+        epilog=_EPILOG)
+    rollout.add_argument("tasks", nargs="+", metavar="TASK",
+                         help="task directories, humaneval or humaneval:N")
+    rollout.add_argument("--policy", default="tiny", metavar="POLICY",
+                         help="tiny, local:DIR or openai:URL (default: tiny)")
+    rollout.add_argument("--model", metavar="NAME", help="the model name for openai:URL")
+    rollout.add_argument("--samples", type=positive_int, default=1, metavar="N",
+                         help="episodes per task, one group (default: 1)")
+    rollout.add_argument("--concurrency", type=positive_int, default=8, metavar="C",
+                         help="episodes in flight at once (default: 8)")
+    rollout.add_argument("--run-dir", type=Path, metavar="DIR",
+                         help="where trajectories go (default: runs/rollout-<time>)")
+    rollout.add_argument("--max-turns", type=positive_int, default=10, metavar="N",
+                         help="turns per episode (default: 10)")
+    rollout.add_argument("--max-tokens", type=positive_int, default=256, metavar="N",
+                         help="tokens per turn (default: 256)")
+    rollout.add_argument("--wall-time", type=float, default=300.0, metavar="S",
+                         help="seconds per episode (default: 300)")
+    rollout.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                         help="sampling temperature (default: 1.0)")
+    rollout.add_argument("--seed", type=int, metavar="N", help="makes sampling reproducible")
+    rollout.set_defaults(func=_cmd_rollout)
