@@ -347,7 +347,7 @@ class LengthLimit(JudgingFilter):
 class FilterOptions(BaseModel):
     """What the default pipeline does; each field is also a ``tempering traj filter`` flag."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     keep_infra: bool = False
     """Keep env_timeout and infra_error episodes (dropped by default)."""
