@@ -316,9 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_cmd_image_build)
 
     from tempering.agent.commands import add_rollout_command
+    from tempering.policy.commands import add_policy_commands
     from tempering.tasks.commands import add_task_commands
 
     add_task_commands(commands)
+    add_policy_commands(commands)
     add_rollout_command(commands)
     parser.set_defaults(func=lambda _: help_of(parser))
     return parser

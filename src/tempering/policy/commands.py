@@ -1,0 +1,122 @@
+"""``tempering serve``: a local model behind an OpenAI-compatible server that records episodes.
+
+The engine is ``LocalEngine`` (a transformers model directory, or the tiny model built into the
+cache with ``--tiny``); the server is ``PolicyServer``. With ``--run-dir`` every ended episode is
+appended to that run's ``TrajectoryStore``, so ``tempering traj`` reads it like a rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tempering.cli import positive_int
+from tempering.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tempering.trajectory.schema import Trajectory
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    return int(text)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tempering.policy.config import LocalPolicyConfig, build_policy
+    from tempering.policy.serve import PolicyServer
+
+    if args.model is not None and not args.model.is_dir():
+        raise ConfigError(f"--model {args.model}: not a directory; give a model saved with "
+                          "save_pretrained (config, weights, tokenizer), or --tiny")
+    print("loading " + (str(args.model) if args.model else "the tiny model"), file=sys.stderr)
+    policy = build_policy(LocalPolicyConfig(model=str(args.model) if args.model else None,
+                                            device=args.device, max_batch=args.max_batch))
+    store = None
+    if args.run_dir is not None:
+        from tempering.trajectory.store import TrajectoryStore
+
+        store = TrajectoryStore(args.run_dir)
+
+    async def on_trajectory(trajectory: Trajectory) -> None:
+        assert store is not None
+        await asyncio.to_thread(store.append, trajectory)  # one fsync: off the event loop
+
+    async def serve() -> None:
+        server = PolicyServer(policy, host=args.host, port=args.port,
+                              model_name=args.served_model_name,
+                              on_trajectory=on_trajectory if store else None)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); "
+                              "choose another --port (0 picks a free one)") from None
+        try:
+            print(server.url, flush=True)
+            print(f"serving {policy.name} as {server.model_name!r}"
+                  + (f", episodes into {args.run_dir}" if store else "")
+                  + "; Ctrl-C to stop", file=sys.stderr)
+            await asyncio.Event().wait()
+        finally:
+            await server.close()  # open episodes are stored as infra errors, not dropped
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        if store is not None:
+            store.close()
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+    return 0
+
+
+_SERVE_EPILOG = """\
+examples:
+  tempering serve --tiny --port 8000
+  tempering serve --model ~/models/qwen2.5-0.5b-instruct --run-dir runs/serve-1
+  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'X-Tempering-Episode: ep1' \\
+       -d '{"messages": [{"role": "user", "content": "hi"}]}'
+  curl -s -X POST http://127.0.0.1:8000/v1/episodes/ep1/end -d '{"reward": 1.0}'
+
+Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (not streamed; the answer
+adds prompt_token_ids, choices[0].token_ids and a `tempering` object with weights_version and
+prompt_reused), GET /v1/episodes/ID (the steps recorded so far) and POST /v1/episodes/ID/end
+(optional reward, task_id, status). A request's episode is its X-Tempering-Episode header, else
+tempering.episode_id, else user. Prints the base URL on stdout; see docs/policy.md.
+"""
+
+
+def add_policy_commands(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve a local model over an OpenAI-compatible API, recording episodes",
+        description="Serve a local model (transformers format) over an OpenAI-compatible HTTP "
+                    "API, as vLLM would, and record every completion token for token as a "
+                    "trajectory step of the episode it belongs to, so any OpenAI client's "
+                    "episodes become training data.", epilog=_SERVE_EPILOG)
+    model = serve.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", type=Path, metavar="DIR",
+                       help="a model directory written by save_pretrained (loaded offline)")
+    model.add_argument("--tiny", action="store_true",
+                       help="the tiny test model, built into ~/.cache/tempering on first use")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every "
+                            "interface: there is no authentication)")
+    serve.add_argument("--port", type=_port, default=8000, metavar="PORT",
+                       help="port to listen on; 0 picks a free one (default: 8000)")
+    serve.add_argument("--run-dir", type=Path, metavar="DIR",
+                       help="append each ended episode to this run's trajectory store "
+                            "(default: episodes are not kept after they end)")
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model name /v1/models reports (default: local:<directory>)")
+    serve.add_argument("--device", default="cpu",
+                       help="torch device for the model, e.g. cuda (default: cpu)")
+    serve.add_argument("--max-batch", type=positive_int, default=16, metavar="N",
+                       help="most requests sampled together in one batch (default: 16)")
+    serve.set_defaults(func=_cmd_serve)

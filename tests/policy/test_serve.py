@@ -1,0 +1,204 @@
+"""PolicyServer over real HTTP on 127.0.0.1: the endpoints, bad requests, keep-alive,
+concurrency, and the episodes it records and hands over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from charpolicy import CharPolicy, call
+
+from tempering.policy.scripted import ScriptedPolicy
+from tempering.policy.serve import PolicyServer
+from tempering.trajectory.schema import Status, Trajectory
+
+
+def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": "chars", "messages": [{"role": "user", "content": text}], **extra}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]]:
+    ended: list[Trajectory] = []
+
+    async def store(trajectory: Trajectory) -> None:  # an async hand-over is awaited
+        ended.append(trajectory)
+
+    policy = CharPolicy([call("bash", command="ls"), "done"])
+    async with PolicyServer(policy, on_trajectory=store, max_body_bytes=4096) as srv, \
+            httpx.AsyncClient(base_url=srv.url) as http:
+        yield srv, http, ended
+
+
+async def test_health_models_and_unknown_paths(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    srv, http, _ = server
+    assert srv.url.startswith("http://127.0.0.1:") and srv.port > 0
+    health = await http.get(f"http://127.0.0.1:{srv.port}/health")
+    assert health.json() == {"status": "ok", "policy": "chars", "episodes": 0}
+    models = (await http.get("/models")).json()
+    assert [m["id"] for m in models["data"]] == ["chars"]
+    missing = await http.get("/nope")
+    assert missing.status_code == 404 and "POST /v1/chat/completions" in missing.text
+    wrong = await http.get("/chat/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
+async def test_a_completion_in_openai_shape(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    _, http, _ = server
+    answer = await http.post("/chat/completions", json=chat(logprobs=True, user="u1"))
+    assert answer.status_code == 200
+    assert answer.headers["x-weights-version"] == "7"
+    assert answer.headers["x-tempering-episode"] == "u1"
+    body = answer.json()
+    assert body["object"] == "chat.completion" and body["model"] == "chars"
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [tool_call] = choice["message"]["tool_calls"]
+    assert tool_call["function"] == {"name": "bash", "arguments": '{"command": "ls"}'}
+    assert [ord(ch) for ch in body["tempering"]["text"]] == choice["token_ids"]
+    assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
+    assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"]) == len("<user>hi\n")
+    assert body["tempering"] == {**body["tempering"], "weights_version": 7,
+                                 "prompt_reused": 0, "episode_id": "u1", "step": 0}
+    without = (await http.post("/chat/completions", json=chat())).json()
+    assert without["choices"][0]["logprobs"] is None  # only when asked for, as OpenAI does
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b"{not json", 400, "the body is not JSON"),
+    (b"[1, 2]", 400, "must be a JSON object, not list"),
+    (json.dumps({"model": "m"}).encode(), 400, "messages: Field required"),
+    (json.dumps(chat() | {"messages": [{"role": "robot", "content": "x"}]}).encode(), 400,
+     "messages[0].role: Input should be"),
+    (json.dumps(chat(stream=True)).encode(), 400, "stream: true is not supported"),
+    (json.dumps(chat(n=3)).encode(), 400, "n=3"),
+    (json.dumps(chat(temperature=-1)).encode(), 400, "temperature: Input should be greater"),
+    (json.dumps(chat("x" * 5000)).encode(), 413, "over the server's limit of 4096"),
+])
+async def test_bad_requests_are_refused_with_a_reason(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]], body: bytes,
+        status: int, says: str) -> None:
+    _, http, _ = server
+    answer = await http.post("/chat/completions", content=body,
+                             headers={"Content-Type": "application/json"})
+    assert answer.status_code == status
+    error = answer.json()["error"]
+    assert says in error["message"] and error["type"] == "invalid_request_error"
+
+
+async def test_one_connection_serves_many_requests(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    srv, _, _ = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    body = json.dumps(chat()).encode()
+    for _ in range(3):
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Connection: keep-alive" in head
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await reader.readexactly(length))["object"] == "chat.completion"
+    writer.write(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.1 200 OK")  # then closed by the server
+    writer.close()
+
+
+async def test_requests_run_concurrently() -> None:
+    async with PolicyServer(ScriptedPolicy([], delay_s=0.4)) as srv, \
+            httpx.AsyncClient(base_url=srv.url) as http:
+        start = time.perf_counter()
+        answers = await asyncio.gather(*(http.post("/chat/completions", json=chat())
+                                         for _ in range(8)))
+        elapsed = time.perf_counter() - start
+    assert all(a.status_code == 200 for a in answers)
+    assert elapsed < 1.5  # one after another would take 3.2 s
+
+
+async def test_the_episode_comes_from_header_extension_or_user(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    _, http, _ = server
+    await http.post("/chat/completions", json=chat(user="c"),
+                    headers={"X-Tempering-Episode": "a"})
+    await http.post("/chat/completions", json=chat(user="c", tempering={"episode_id": "b"}))
+    await http.post("/chat/completions", json=chat(user="c"))
+    fresh = (await http.post("/chat/completions", json=chat())).json()["tempering"]["episode_id"]
+    for episode in ("a", "b", "c", fresh):
+        steps = (await http.get(f"/episodes/{episode}")).json()["steps"]
+        assert len(steps) == 1, episode
+
+
+async def test_a_client_prefix_must_agree_with_the_recorded_tokens(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    _, http, _ = server
+    first = (await http.post("/chat/completions", json=chat(user="e"))).json()
+    tokens = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    reply = first["choices"][0]["message"]
+    messages = [{"role": "user", "content": "hi"}, reply,
+                {"role": "tool", "content": "a.txt", "tool_call_id": "call_0"}]
+    wrong = await http.post("/chat/completions", json={"messages": messages, "user": "e",
+                                                       "tempering": {"prefix_token_ids": [1, 2],
+                                                                     "prefix_messages": 2}})
+    assert wrong.status_code == 400 and "disagree with episode 'e'" in wrong.text
+    right = await http.post("/chat/completions", json={
+        "messages": messages, "user": "e",
+        "tempering": {"prefix_token_ids": tokens, "prefix_messages": 2}})
+    assert right.status_code == 200 and right.json()["tempering"]["prompt_reused"] == len(tokens)
+
+
+async def test_ending_an_episode_hands_its_trajectory_over(
+        server: tuple[PolicyServer, httpx.AsyncClient, list[Trajectory]]) -> None:
+    _, http, ended = server
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    first = (await http.post("/chat/completions", json={"messages": messages, "user": "ep"}))
+    messages += [first.json()["choices"][0]["message"],
+                 {"role": "tool", "content": "a.txt", "tool_call_id": "call_0"}]
+    await http.post("/chat/completions", json={"messages": messages, "user": "ep"})
+    bad = await http.post("/episodes/ep/end", json={"reward": 2})
+    assert bad.status_code == 400 and "reward: Input should be less than or equal to 1" in bad.text
+    end = await http.post("/episodes/ep/end", json={"reward": 0.5, "task_id": "t1",
+                                                    "status": "model_error"})
+    assert end.status_code == 200 and end.json()["steps"] == 2
+    [trajectory] = ended
+    assert trajectory.trajectory_id == end.json()["trajectory_id"]
+    assert (trajectory.task_id, trajectory.policy, trajectory.status) == ("t1", "chars",
+                                                                          Status.MODEL_ERROR)
+    assert trajectory.system_prompt == "sys" and trajectory.instruction == "task"
+    assert trajectory.reward is not None and trajectory.reward.components == {"external": 0.5}
+    assert [s.action for s in trajectory.steps] == ["bash", "message"]
+    assert trajectory.steps[0].observation == "a.txt"
+    assert trajectory.steps[1].prompt_reused == len(trajectory.prompt_ids(0)) + len(
+        trajectory.steps[0].completion_token_ids)
+    assert all(s.loss_mask == [1] * len(s.completion_token_ids) for s in trajectory.steps)
+    assert (await http.get("/episodes/ep")).status_code == 404  # forgotten
+    assert (await http.post("/episodes/ep/end")).status_code == 404
+
+
+async def test_idle_and_open_episodes_are_handed_over_as_infra_errors() -> None:
+    ended: list[Trajectory] = []
+    async with PolicyServer(ScriptedPolicy([]), on_trajectory=ended.append,
+                            episode_ttl_s=0.2) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        await http.post("/chat/completions", json=chat(user="idle"))
+        await asyncio.sleep(0.6)
+        assert [t.status for t in ended] == [Status.INFRA_ERROR]
+        assert "idle for more than episode_ttl_s=0.2 s" in (ended[0].error or "")
+        assert (await http.get("/episodes/idle")).status_code == 404
+        srv.episode_ttl_s = 3600
+        await http.post("/chat/completions", json=chat(user="open"))
+    assert len(ended) == 2 and "closed before the episode ended" in (ended[1].error or "")
+    assert ended[1].reward is None and ended[1].finish_reason == "error"
+
+
+def test_serve_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from tempering.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for word in ("--model", "--tiny", "--host", "--port", "--run-dir", "examples:"):
+        assert word in out
