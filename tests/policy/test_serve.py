@@ -7,12 +7,15 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from charpolicy import CharPolicy, call
 
+from tempering.policy.base import GenerateRequest, Message, SamplingParams
+from tempering.policy.openai import OpenAIPolicy
 from tempering.policy.scripted import ScriptedPolicy
 from tempering.policy.serve import PolicyServer
 from tempering.trajectory.schema import Status, Trajectory
@@ -202,3 +205,66 @@ def test_serve_help(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for word in ("--model", "--tiny", "--host", "--port", "--run-dir", "examples:"):
         assert word in out
+
+
+# ---- the local engine behind the server ----
+
+async def test_the_local_engine_behind_serve_answers_what_the_engine_samples(
+        tiny_model_dir: Path) -> None:
+    from tempering.policy.local import LocalEngine
+
+    tools = [{"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+    messages = [Message(role="system", content="You are an agent."),
+                Message(role="user", content="List the files.")]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, seed=0)
+    ended: list[Trajectory] = []
+    async with LocalEngine(tiny_model_dir, max_batch=4) as engine, \
+            PolicyServer(engine, on_trajectory=ended.append) as srv, \
+            httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+        direct = await engine.generate(GenerateRequest(messages=messages, tools=tools,
+                                                       sampling=greedy))
+        answer = await http.post("/chat/completions", json={
+            "model": "tiny", "messages": [m.to_openai() for m in messages], "tools": tools,
+            "temperature": 0, "max_tokens": 12, "seed": 0, "logprobs": True, "user": "raw"})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        [choice] = body["choices"]
+        template = engine.tokenizer.apply_chat_template(
+            [m.to_openai() for m in messages], tools=tools, tokenize=False,
+            add_generation_prompt=True)
+        assert body["prompt_token_ids"] == engine.tokenizer.encode(
+            template, add_special_tokens=False) == direct.prompt_token_ids
+        assert choice["token_ids"] == direct.completion_token_ids != []
+        assert [t["logprob"] for t in choice["logprobs"]["content"]] == pytest.approx(
+            direct.logprobs, abs=1e-4)
+        assert body["tempering"]["text"] == direct.text == engine.tokenizer.decode(
+            choice["token_ids"], skip_special_tokens=False)
+
+        # A sampled multi-turn episode through the client: the prefix is extended, never
+        # re-tokenised, and a weights update shows in the version of the next turn only.
+        client = OpenAIPolicy(srv.url, "tiny")
+        convo, tokens, gens = list(messages), [], []
+        for turn in range(3):
+            gen = await client.generate(GenerateRequest(
+                messages=convo, tools=tools, episode_id="ep",
+                sampling=SamplingParams(temperature=1.0, max_tokens=8, seed=turn),
+                prefix_token_ids=tokens, prefix_messages=len(convo) - 1 if turn else 0))
+            assert gen.prompt_reused == len(tokens)
+            gens.append(gen)
+            tokens = tokens + gen.prompt_token_ids + gen.completion_token_ids
+            convo += [Message(role="assistant", content=gen.content, tool_calls=gen.tool_calls),
+                      Message(role="user", content=f"observation {turn}")]
+            if turn == 1:
+                await asyncio.to_thread(engine.update_weights, engine.model.state_dict())
+        await client.aclose()
+        assert [g.weights_version for g in gens] == [0, 0, 1]
+        assert (await http.post("/episodes/ep/end", json={"reward": 1})).status_code == 200
+    [trajectory] = [t for t in ended if t.status == Status.OK]  # "raw" closed as infra_error
+    assert [(s.prompt_token_ids, s.completion_token_ids, s.logprobs, s.weights_version)
+            for s in trajectory.steps] == [
+        (g.prompt_token_ids, g.completion_token_ids, g.logprobs, g.weights_version)
+        for g in gens]
+    sequence = trajectory.sequence()
+    assert sequence is not None and sequence[0] == tokens

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tempering.errors import ConfigError, PolicyError, PolicyTimeoutError
-from tempering.policy.base import GenerateRequest, Generation, Message
+from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
 from tempering.policy.toolcalls import OPEN, parse_tool_calls, render_tool_call
 from tempering.trajectory.schema import ToolCall, new_id
 
@@ -118,6 +118,14 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     user: str = ""
     tempering: TemperingExtension | None = None
+
+    def sampling(self) -> SamplingParams:
+        d = SamplingParams()
+        return SamplingParams(
+            temperature=d.temperature if self.temperature is None else self.temperature,
+            top_p=d.top_p if self.top_p is None else self.top_p,
+            max_tokens=self.max_completion_tokens or self.max_tokens or d.max_tokens,
+            seed=self.seed, stop=[self.stop] if isinstance(self.stop, str) else self.stop or [])
 
 
 def tool_calls_to_openai(calls: list[ToolCall]) -> list[dict[str, Any]]:

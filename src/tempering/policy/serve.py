@@ -30,9 +30,11 @@ import contextlib
 import inspect
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import Annotated, Any, NamedTuple, Self, TypeVar
 from urllib.parse import unquote
@@ -40,7 +42,7 @@ from urllib.parse import unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tempering.errors import PolicyError
-from tempering.policy.base import GenerateRequest, Generation, Message, Policy, SamplingParams
+from tempering.policy.base import GenerateRequest, Generation, Message, Policy
 from tempering.policy.openai import ChatRequest, TemperingExtension, completion_response
 from tempering.reward.result import RewardResult
 from tempering.trajectory.schema import FinishReason, Status, Step, Trajectory, new_id
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 
 OnTrajectory = Callable[[Trajectory], Awaitable[object] | object]
 M = TypeVar("M", bound=BaseModel)
+_EPISODE_PATH = re.compile(r"/v1/episodes/([^/]+)(/end)?")
 
 
 class EndRequest(BaseModel):
@@ -148,6 +151,18 @@ def _parse(model: type[M], raw: bytes) -> M:
                         param=".".join(map(str, exc.errors()[0]["loc"]))) from None
 
 
+def _request_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
+    """``(method, target, version, headers)``, header names lower-cased."""
+    request_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise HTTPError(400, f"not an HTTP/1.x request line: {request_line[:80]!r}")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    if not headers.get("content-length", "0").isdigit():
+        raise HTTPError(400, f"Content-Length {headers['content-length']!r} is not a number")
+    return parts[0], parts[1], parts[2], headers
+
+
 def _header_safe(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
@@ -223,48 +238,34 @@ class PolicyServer:
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Serve one request; whether the connection stays open for another."""
+        keep_alive = False  # until the body is read, an error leaves the stream unusable
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.keepalive_s)
-        except (TimeoutError, asyncio.IncompleteReadError):
-            return False  # idle past keep-alive, or closed between requests
-        except asyncio.LimitOverrunError:
-            await self._send(writer, _Reply(HTTPError(431, "request headers over 64 KiB")
-                                            .body(), status=431), keep_alive=False)
-            return False
-        request_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-        parts = request_line.split(" ")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._send(writer, _Reply(HTTPError(400, f"not an HTTP/1.x request line: "
-                                                      f"{request_line[:80]!r}").body(),
-                                            status=400), keep_alive=False)
-            return False
-        method, target, version = parts
-        connection = headers.get("connection", "").lower()
-        keep_alive = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
-        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.keepalive_s)
+            except (TimeoutError, asyncio.IncompleteReadError):
+                return False  # idle past keep-alive, or closed between requests
+            except asyncio.LimitOverrunError:
+                raise HTTPError(431, "the request headers exceed 64 KiB") from None
+            method, target, version, headers = _request_head(head)
             if "transfer-encoding" in headers:
                 raise HTTPError(411, "chunked bodies are not supported; send Content-Length")
-            try:
-                length = int(headers.get("content-length", "0"))
-            except ValueError:
-                raise HTTPError(400, f"Content-Length {headers['content-length']!r} is not a "
-                                "number") from None
+            length = int(headers.get("content-length", "0"))
             if length > self.max_body_bytes:
                 raise HTTPError(413, f"the body has {length} bytes, over the server's limit of "
                                 f"{self.max_body_bytes} (max_body_bytes)")
-        except HTTPError as exc:  # the body was not read: the connection cannot be reused
-            await self._send(writer, _Reply(exc.body(), status=exc.status), keep_alive=False)
-            return False
-        if length and headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await reader.readexactly(length)
-        try:
+            if length and headers.get("expect", "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await reader.readexactly(length)
+            connection = headers.get("connection", "").lower()
+            keep_alive = (connection == "keep-alive" if version == "HTTP/1.0"
+                          else connection != "close")
             reply = await self._route(method, target, headers, body)
         except HTTPError as exc:
             reply = _Reply(exc.body(), exc.headers, exc.status)
-        except Exception as exc:  # a bug must cost one request, not the connection's client
-            log.exception("%s %s failed", method, target)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return False  # the client went away mid-request
+        except Exception as exc:  # a bug must cost one request, not the client's connection
+            log.exception("serving a request failed")
             reply = _Reply(HTTPError(500, f"{type(exc).__name__}: {exc}").body(), status=500)
         await self._send(writer, reply, keep_alive)
         return keep_alive
@@ -282,25 +283,15 @@ class PolicyServer:
     async def _route(self, method: str, target: str, headers: dict[str, str],
                      body: bytes) -> _Reply:
         path = target.split("?", 1)[0]
-        routes: dict[str, Callable[[], Awaitable[_Reply]]]
-        if path == "/health":
-            routes = {"GET": self._health}
-        elif path == "/v1/models":
-            routes = {"GET": self._models}
-        elif path == "/v1/chat/completions":
-            routes = {"POST": lambda: self._chat(headers, body)}
-        elif path.startswith("/v1/episodes/") and path.count("/") in (3, 4):
-            rest = path.removeprefix("/v1/episodes/")
-            if "/" in rest:
-                rest, action = rest.split("/")
-                if action != "end":
-                    raise HTTPError(404, f"no endpoint {path}")
-                episode_id = unquote(rest)
-                routes = {"POST": lambda: self._end(episode_id, body)}
-            else:
-                episode_id = unquote(rest)
-                routes = {"GET": lambda: self._episode(episode_id)}
-        else:
+        table: dict[str, dict[str, Callable[[], Awaitable[_Reply]]]] = {
+            "/health": {"GET": self._health}, "/v1/models": {"GET": self._models},
+            "/v1/chat/completions": {"POST": partial(self._chat, headers, body)}}
+        routes = table.get(path)
+        if routes is None and (match := _EPISODE_PATH.fullmatch(path)):
+            episode_id = unquote(match[1])
+            routes = ({"POST": partial(self._end, episode_id, body)} if match[2]
+                      else {"GET": partial(self._episode, episode_id)})
+        if routes is None:
             raise HTTPError(404, f"no endpoint {path}: this server has GET /health, GET "
                             "/v1/models, POST /v1/chat/completions, GET /v1/episodes/{id} and "
                             "POST /v1/episodes/{id}/end")
@@ -357,17 +348,11 @@ class PolicyServer:
                             + ("" if continued else "; these messages do not continue it")
                             + "): send that turn's messages and reply unchanged, or no prefix "
                             "to have the conversation rendered afresh", param="tempering")
-        s = SamplingParams()
-        sampling = SamplingParams(
-            temperature=s.temperature if req.temperature is None else req.temperature,
-            top_p=s.top_p if req.top_p is None else req.top_p,
-            max_tokens=req.max_completion_tokens or req.max_tokens or s.max_tokens,
-            seed=req.seed, stop=[req.stop] if isinstance(req.stop, str) else req.stop or [])
         episode.busy += 1
         try:
             start = time.perf_counter()
             gen = await self.policy.generate(GenerateRequest(
-                messages=messages, tools=req.tools or [], sampling=sampling,
+                messages=messages, tools=req.tools or [], sampling=req.sampling(),
                 prefix_token_ids=prefix, prefix_messages=prefix_messages,
                 episode_id=episode_id))
             policy_s = time.perf_counter() - start
@@ -384,16 +369,18 @@ class PolicyServer:
             raise HTTPError(500, f"the policy {self.policy.name} claims to reuse "
                             f"{gen.prompt_reused} tokens of a {len(prefix)}-token prefix")
         prompt = prefix[:gen.prompt_reused] + gen.prompt_token_ids
-        self._record(episode, messages, gen, continued[1] if continued else None, policy_s)
+        self._record(episode, messages, gen, prompt, continued[1] if continued else None,
+                     policy_s)
         answer = completion_response(gen, model=self.model_name, prompt=prompt,
                                      logprobs=req.logprobs)
         answer["tempering"] = {"weights_version": gen.weights_version, "episode_id": episode_id,
                                "prompt_reused": gen.prompt_reused, "text": gen.text,
                                "step": len(episode.steps) - 1}
-        return _Reply(answer, {"X-Weights-Version": str(gen.weights_version), "X-Tempering-Episode": episode_id})
+        return _Reply(answer, {"X-Weights-Version": str(gen.weights_version),
+                               "X-Tempering-Episode": episode_id})
 
     def _record(self, episode: _Episode, messages: list[Message], gen: Generation,
-                observation: str | None, policy_s: float) -> None:
+                prompt: list[int], observation: str | None, policy_s: float) -> None:
         if observation is not None and episode.steps:
             episode.steps[-1] = episode.steps[-1].model_copy(update={"observation": observation})
         call = gen.tool_calls[0] if gen.tool_calls else None
@@ -406,9 +393,7 @@ class PolicyServer:
             logprobs=gen.logprobs, loss_mask=[1] * len(gen.completion_token_ids),
             weights_version=gen.weights_version))
         episode.messages, episode.reply = messages, gen
-        prefix = episode.tokens[:gen.prompt_reused]
-        episode.tokens = (prefix + gen.prompt_token_ids + gen.completion_token_ids
-                          if gen.completion_token_ids else [])
+        episode.tokens = prompt + gen.completion_token_ids if gen.completion_token_ids else []
 
     async def _end(self, episode_id: str, body: bytes) -> _Reply:
         end = _parse(EndRequest, body)
