@@ -268,3 +268,39 @@ async def test_the_local_engine_behind_serve_answers_what_the_engine_samples(
         for g in gens]
     sequence = trajectory.sequence()
     assert sequence is not None and sequence[0] == tokens
+
+
+def test_tempering_serve_records_episodes_into_the_run_dir(tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tempering.trajectory.store import TrajectoryStore
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
+         "--port", "0", "--run-dir", str(run_dir), "--served-model-name", "tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()  # the base URL, once it listens
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), proc.stderr
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/models").json()["data"][0]["id"] == "tiny"
+            answer = http.post("/chat/completions", json=chat(max_tokens=5),
+                               headers={"X-Tempering-Episode": "cli"})
+            assert answer.status_code == 200 and len(answer.json()["choices"][0]["token_ids"])
+            http.post("/chat/completions", json=chat("left open", max_tokens=5))
+            assert http.post("/episodes/cli/end", json={"reward": 0.25}).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    stored = sorted(TrajectoryStore(run_dir).read(), key=lambda t: t.status)
+    assert [(t.status, t.reward_value, len(t.steps)) for t in stored] == [
+        (Status.INFRA_ERROR, None, 1), (Status.OK, 0.25, 1)]  # the open one, on Ctrl-C
+    assert stored[1].steps[0].completion_token_ids == answer.json()["choices"][0]["token_ids"]
