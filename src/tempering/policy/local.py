@@ -11,12 +11,9 @@ the shorter one) and drops finished or cancelled rows, so nobody waits for a who
 would mix two policies in one sample), copies the tensors in and bumps the version; every
 ``Generation`` carries the version that sampled all of it.
 
-Sampling: each row has its own ``torch.Generator`` and draws an exponential race (Gumbel-max)
-over the vocabulary per token, so a seed reproduces its sample whatever shares the batch (the
-race, unlike inverse-CDF sampling, ignores the ~1e-7 noise batch shapes put into logits). The
-log-prob recorded is under the distribution sampled from *before* top-p truncation:
-``log_softmax(logits / temperature)``, untempered for temperature 0. That is what a learner
-recomputes with one forward pass over prompt + completion, in fp32 within 1e-4.
+The batch (each row's tokens, stop detection and result; the KV cache, merged and trimmed) and
+sampling (per-row seeded Gumbel-max, log-probs a learner recomputes) live in ``policy.batch``;
+this module owns the API, prompts, weights and the worker thread that drives them.
 
 Prompts: with ``prefix_token_ids`` the prompt is those tokens plus the tokenisation of only
 what the chat template adds for ``messages[prefix_messages:]``; with a prefix-stable template
@@ -35,13 +32,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from tempering.errors import PolicyError
 from tempering.policy.base import GenerateRequest, Generation
-from tempering.policy.toolcalls import parse_tool_calls
+from tempering.policy.batch import Batch, Row, left_pad, merge, sample
 
 if TYPE_CHECKING:
     import torch
@@ -63,35 +60,6 @@ class EngineStats:
     completion_tokens: int = 0
     busy_s: float = 0.0
     """Seconds spent in forward passes and sampling."""
-
-
-@dataclass(eq=False)
-class _Row:
-    """One request in flight; owned by the worker thread once queued."""
-
-    request: GenerateRequest
-    future: asyncio.Future[Generation]
-    loop: asyncio.AbstractEventLoop
-    prompt: list[int]
-    reused: int
-    max_new: int
-    generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    seen: int = 0  # characters of text already searched for stop strings
-    stop_at: int | None = None  # where a stop string begins in the text
-
-
-@dataclass
-class _Batch:
-    """The rows decoding together and their shared KV cache; row i is cache row i."""
-
-    rows: list[_Row]
-    cache: Any
-    mask: torch.Tensor  # (B, L) 1 where the cache holds a real token
-    next_pos: torch.Tensor  # (B,) position of each row's next token
-    last: torch.Tensor  # (B,) the token each row sampled last, not yet fed
 
 
 class LocalEngine:
@@ -132,7 +100,7 @@ class LocalEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._version = 0
         self._stats = EngineStats()
-        self._queue: deque[_Row] = deque()
+        self._queue: deque[Row] = deque()
         self._cond = threading.Condition()
         self._swap_lock = threading.Lock()  # held by the worker for a whole session
         self._swaps_waiting = 0
@@ -193,9 +161,9 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         generator = torch.Generator(device=self.device)
         generator.manual_seed(sp.seed if sp.seed is not None else secrets.randbits(63))
-        row = _Row(request=request, future=loop.create_future(), loop=loop, prompt=prompt,
-                   reused=reused, max_new=min(sp.max_tokens, room),
-                   generator=generator)
+        row = Row(request=request, future=loop.create_future(), loop=loop, prompt=prompt,
+                  reused=reused, max_new=min(sp.max_tokens, room),
+                  generator=generator)
         with self._cond:
             self._queue.append(row)
         # Wake the worker on the next loop iteration, so that requests made together (one
@@ -283,11 +251,11 @@ class LocalEngine:
         with self._cond:
             self._cond.notify_all()
 
-    def _admit(self, room: int) -> list[_Row]:
+    def _admit(self, room: int) -> list[Row]:
         with self._cond:
             if self._swaps_waiting or self._closed:
                 return []
-            rows: list[_Row] = []
+            rows: list[Row] = []
             while self._queue and len(rows) < room:
                 row = self._queue.popleft()
                 if not row.future.cancelled():
@@ -308,17 +276,17 @@ class LocalEngine:
         with self._cond:
             orphans, self._queue = list(self._queue), deque()
         for row in orphans:
-            _deliver(row, PolicyError(f"{self.name} was closed before this request ran"))
+            row.deliver(PolicyError(f"{self.name} was closed before this request ran"))
 
     def _session(self, version: int) -> None:
         """Decode until no row is left and nobody new may be admitted, on one weights version."""
-        batch: _Batch | None = None
-        new: list[_Row] = []
+        batch: Batch | None = None
+        new: list[Row] = []
         try:
             while True:
                 new = self._admit(self.max_batch - (len(batch.rows) if batch else 0))
                 if new:
-                    batch = _merge(batch, self._prefill(new, version))
+                    batch = merge(batch, self._prefill(new, version))
                     new = []
                 if batch is None:
                     return
@@ -329,25 +297,20 @@ class LocalEngine:
             error = exc if isinstance(exc, PolicyError) else PolicyError(
                 f"{self.name} failed while sampling: {exc!r}")
             for row in [*(batch.rows if batch else []), *new]:
-                _deliver(row, error)
+                row.deliver(error)
 
-    def _prefill(self, rows: list[_Row], version: int) -> _Batch | None:
+    def _prefill(self, rows: list[Row], version: int) -> Batch | None:
         import torch
         from transformers import DynamicCache
 
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):  # left padding: every row's next token is column L
-            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt):] = 1
+        ids, mask = left_pad(rows, self._pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        batch = _Batch(rows, DynamicCache(config=self.model.config), mask, mask.sum(-1),
-                       torch.empty(0))
+        batch = Batch(rows, DynamicCache(config=self.model.config), mask, mask.sum(-1),
+                      torch.empty(0))
         return self._step(batch, ids, (mask.cumsum(-1) - 1).clamp(min=0), version, prefills=1,
                           requests=len(rows), prompt_tokens=sum(len(r.prompt) for r in rows))
 
-    def _decode(self, batch: _Batch, version: int) -> _Batch | None:
+    def _decode(self, batch: Batch, version: int) -> Batch | None:
         import torch
 
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=-1)
@@ -355,8 +318,8 @@ class LocalEngine:
         return self._step(batch, batch.last[:, None], batch.next_pos[:, None] - 1, version,
                           decode_steps=1)
 
-    def _step(self, batch: _Batch, ids: torch.Tensor, positions: torch.Tensor, version: int,
-              **counts: int) -> _Batch | None:
+    def _step(self, batch: Batch, ids: torch.Tensor, positions: torch.Tensor, version: int,
+              **counts: int) -> Batch | None:
         """One forward pass and one sampled token per row; finished rows get their result."""
         started, width = time.perf_counter(), len(batch.rows)
         out = self.model(input_ids=ids, attention_mask=batch.mask, position_ids=positions,
@@ -365,20 +328,18 @@ class LocalEngine:
         self._count(time.perf_counter() - started, largest_batch=width, completion_tokens=width,
                     **counts)
         for row in done:  # after counting, so a caller woken by its result sees the stats
-            _deliver(row, self._result(row, version))
+            row.deliver(row.result(version, self._detokenize))
         return after
 
-    def _advance(self, batch: _Batch, logits: torch.Tensor) -> tuple[_Batch | None, list[_Row]]:
+    def _advance(self, batch: Batch, logits: torch.Tensor) -> tuple[Batch | None, list[Row]]:
         """Sample each row's next token; return the rows still going and those now finished."""
-        import torch
-
-        tokens, logprobs = _sample(logits, batch.rows)
+        tokens, logprobs = sample(logits, batch.rows)
         keep, done = [], []
         for i, (row, token, logprob) in enumerate(
                 zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            self._check_finished(row)
+            row.check_finished(self._stop_ids, self._detokenize)
             if row.finish:
                 done.append(row)
             elif not row.future.cancelled():
@@ -387,120 +348,14 @@ class LocalEngine:
             return None, done
         batch.last = tokens
         if len(keep) < len(batch.rows):
-            index = torch.tensor(keep, device=batch.mask.device)
-            batch.rows = [batch.rows[i] for i in keep]
-            batch.cache.batch_select_indices(index)
-            batch.mask, batch.next_pos, batch.last = (
-                batch.mask[index], batch.next_pos[index], batch.last[index])
-            _trim(batch)
+            batch.select(keep)
         return batch, done
-
-    def _check_finished(self, row: _Row) -> None:
-        stops = row.request.sampling.stop
-        if row.tokens[-1] in self._stop_ids:
-            row.finish = "stop"
-        elif stops:
-            text = self._detokenize(row.tokens)
-            # Only text the last token added can complete a stop string (the 1 is for a
-            # multi-byte character that the previous decode showed as a replacement).
-            tail = max(0, row.seen - 1 - max(map(len, stops)))
-            found = [i for s in stops if (i := text.find(s, tail)) >= 0]
-            row.seen = len(text)
-            if found:
-                row.finish, row.stop_at = "stop", min(found)
-        if row.finish is None and len(row.tokens) >= row.max_new:
-            row.finish = "length"
-
-    def _result(self, row: _Row, version: int) -> Generation:
-        ended = row.finish == "stop" and row.stop_at is None  # on an end-of-turn token
-        text = self._detokenize(row.tokens[:-1] if ended else row.tokens)
-        if row.stop_at is not None:
-            text = text[:row.stop_at]  # as OpenAI: the stop string is not part of the text
-        parsed = parse_tool_calls(text)
-        finish: Literal["stop", "length", "tool_calls"] = "length" if row.finish == "length" else (
-            "tool_calls" if parsed.calls else "stop")
-        return Generation(text=text, content=parsed.content, tool_calls=parsed.calls,
-                          tool_call_error=parsed.error, finish_reason=finish,
-                          prompt_reused=row.reused, prompt_token_ids=row.prompt[row.reused:],
-                          completion_token_ids=row.tokens, logprobs=row.logprobs,
-                          weights_version=version)
 
     def _count(self, busy_s: float, *, largest_batch: int, **add: int) -> None:
         s = self._stats  # replaced whole, so a reader on another thread sees one snapshot
         self._stats = replace(s, busy_s=s.busy_s + busy_s,
                               largest_batch=max(s.largest_batch, largest_batch),
                               **{k: getattr(s, k) + v for k, v in add.items()})
-
-
-def _sample(logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's next token and its log-prob under the tempered, untruncated distribution."""
-    import torch
-
-    temps = torch.tensor([r.request.sampling.temperature for r in rows], device=logits.device)
-    greedy = temps <= 0
-    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)  # (B, V)
-    scores = logp.clone()
-    top_p = torch.tensor([r.request.sampling.top_p for r in rows], device=logits.device)
-    if bool((top_p < 1).any()):
-        sorted_logp, order = logp.sort(dim=-1, descending=True, stable=True)
-        probs = sorted_logp.exp()
-        # Drop a token when the tokens more likely than it already reach top_p.
-        drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p < 1)[:, None]
-        scores.masked_fill_(drop.scatter(-1, order, drop), float("-inf"))
-    # Exponential race (Gumbel-max): argmax of log p - log E with E ~ Exp(1), one draw per
-    # vocabulary entry from the row's own generator.
-    race = torch.stack([torch.empty(logits.shape[-1], device=logits.device)
-                        .exponential_(generator=r.generator) for r in rows])
-    # E can round to 0 (log -inf), which would let a dropped token (-inf) win as NaN.
-    sampled = (scores - race.clamp(min=torch.finfo(race.dtype).tiny).log()).argmax(dim=-1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def _merge(running: _Batch | None, new: _Batch | None) -> _Batch | None:
-    """One batch from two, the shorter cache left-padded with masked zeros."""
-    import torch
-    import torch.nn.functional as F
-
-    if running is None or new is None:
-        return running or new
-    width = max(running.mask.shape[1], new.mask.shape[1])
-
-    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-        missing = width - t.shape[dim]
-        return F.pad(t, (0, 0) * (t.dim() - 1 - dim % t.dim()) + (missing, 0))
-
-    for a, b in zip(running.cache.layers, new.cache.layers, strict=True):
-        a.keys = torch.cat([pad(a.keys, -2), pad(b.keys, -2)])  # (B, H, L, D)
-        a.values = torch.cat([pad(a.values, -2), pad(b.values, -2)])
-    running.rows = running.rows + new.rows
-    running.mask = torch.cat([pad(running.mask, -1), pad(new.mask, -1)])
-    running.next_pos = torch.cat([running.next_pos, new.next_pos])
-    running.last = torch.cat([running.last, new.last])
-    return running
-
-
-def _trim(batch: _Batch) -> None:
-    """Drop leading cache columns that are padding for every remaining row."""
-    start = int(batch.mask.any(0).int().argmax())
-    if start > 0:
-        batch.mask = batch.mask[:, start:]
-        for layer in batch.cache.layers:
-            layer.keys, layer.values = layer.keys[..., start:, :], layer.values[..., start:, :]
-
-
-def _deliver(row: _Row, result: Generation | BaseException) -> None:
-    def settle() -> None:
-        if not row.future.done():  # else cancelled by its caller
-            if isinstance(result, BaseException):
-                row.future.set_exception(result)
-            else:
-                row.future.set_result(result)
-
-    try:
-        row.loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting
-        pass
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
