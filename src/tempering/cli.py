@@ -318,8 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tempering.agent.commands import add_rollout_command
     from tempering.policy.commands import add_policy_commands
     from tempering.tasks.commands import add_task_commands
+    from tempering.trajectory.commands import add_traj_commands
 
     add_task_commands(commands)
+    add_traj_commands(commands)
     add_policy_commands(commands)
     add_rollout_command(commands)
     parser.set_defaults(func=lambda _: help_of(parser))
