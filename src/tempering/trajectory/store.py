@@ -264,10 +264,13 @@ def _owner() -> dict[str, Any]:
     return {"pid": pid, "start": _start_ticks(pid), "boot_id": _boot_id()}
 
 
-def _owner_alive(owner: Mapping[str, Any]) -> bool:
-    if owner.get("boot_id") != _boot_id():
-        return False
-    start = _start_ticks(int(owner["pid"]))
+def _owner_alive(owner: Any) -> bool:
+    try:
+        if owner.get("boot_id") != _boot_id():
+            return False
+        start = _start_ticks(int(owner["pid"]))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return True  # an owner we cannot read is not ours to judge: leave its file alone
     return start is not None and owner.get("start") in (None, start)
 
 
@@ -326,6 +329,7 @@ class TrajectoryStore:
         self._appended: Path | None = None  # journal of the buffered trajectories
         self._begun: set[str] = set()
         self._closed = False
+        self._pid = os.getpid()
         if recover:
             self.recover()
 
@@ -390,6 +394,7 @@ class TrajectoryStore:
         with self._lock:
             if not self._buffer:
                 return
+            self._check_open()
             self._write_part(to_table(self._buffer.values()))
             self._buffer.clear()
             if self._appended is not None:
@@ -461,9 +466,12 @@ class TrajectoryStore:
                 if entry is None or _owner_alive(entry[0]["owner"]):
                     continue  # unreadable, or a live owner's: not ours to touch
                 head, steps, ends = entry
-                ended.update((t.trajectory_id, t) for t in ends)
                 if head["kind"] == "begin":
-                    rebuilt[head["id"]] = _rebuilt(head, steps, mtime)
+                    try:
+                        rebuilt[head["id"]] = _rebuilt(head, steps, mtime)
+                    except (KeyError, ValidationError):
+                        continue  # a header we cannot read: keep the file for a person
+                ended.update((t.trajectory_id, t) for t in ends)
                 done.append(path)
             if not done:
                 return 0
@@ -481,6 +489,9 @@ class TrajectoryStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError(f"the trajectory store of {self.run_dir} is closed")
+        if os.getpid() != self._pid:  # a forked copy would store its parent's buffer again
+            raise StorageError("this TrajectoryStore was opened by process "
+                               f"{self._pid}; open a new one in process {os.getpid()}")
 
     def _journal(self, tid: str) -> Path:
         if not tid or "/" in tid or tid.startswith((".", "appended-")):
