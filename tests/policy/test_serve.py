@@ -14,7 +14,7 @@ import httpx
 import pytest
 from charpolicy import CharPolicy, call
 
-from tempering.policy.base import GenerateRequest, Message, SamplingParams
+from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
 from tempering.policy.openai import OpenAIPolicy
 from tempering.policy.scripted import ScriptedPolicy
 from tempering.policy.serve import PolicyServer
@@ -304,3 +304,147 @@ def test_tempering_serve_records_episodes_into_the_run_dir(tiny_model_dir: Path,
     assert [(t.status, t.reward_value, len(t.steps)) for t in stored] == [
         (Status.INFRA_ERROR, None, 1), (Status.OK, 0.25, 1)]  # the open one, on Ctrl-C
     assert stored[1].steps[0].completion_token_ids == answer.json()["choices"][0]["token_ids"]
+
+
+# ---- retries: the recorded answer, replayed ----
+
+class SlowChars(CharPolicy):
+    def __init__(self, *args: Any, delay_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(request)
+
+
+async def test_a_retried_request_gets_the_recorded_answer_and_records_nothing() -> None:
+    policy = CharPolicy([call("bash", command="ls"), call("bash", command="cat a"), "done"])
+    async with PolicyServer(policy) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        first = await http.post("/chat/completions", json=chat(user="r"))
+        again = await http.post("/chat/completions", json=chat(user="r"))
+        assert again.status_code == 200 and again.json() == first.json()  # same id, same tokens
+        assert again.headers["x-tempering-replay"] == "true"
+        assert "x-tempering-replay" not in first.headers and len(policy.requests) == 1
+
+        # A retry of a continuing turn repeats its token prefix, which still agrees.
+        tokens = first.json()["prompt_token_ids"] + first.json()["choices"][0]["token_ids"]
+        turn = {"messages": chat()["messages"] + [
+            first.json()["choices"][0]["message"],
+            {"role": "tool", "content": "a.txt", "tool_call_id": "call_0"}], "user": "r",
+            "tempering": {"prefix_token_ids": tokens, "prefix_messages": 2}}
+        second = await http.post("/chat/completions", json=turn)
+        retried = await http.post("/chat/completions", json=turn)
+        assert retried.status_code == 200 and retried.json() == second.json()
+        assert second.json()["tempering"]["prompt_reused"] == len(tokens)
+
+        changed = await http.post("/chat/completions", json=turn | {"temperature": 0.5})
+        assert changed.status_code == 409 and "a retry must repeat its request" in changed.text
+        steps = (await http.get("/episodes/r")).json()["steps"]
+    assert len(policy.requests) == 2
+    assert [s["action"] for s in steps] == ["bash", "bash"] and steps[0]["observation"] == "a.txt"
+
+
+async def test_a_client_that_times_out_and_retries_gets_the_one_sample() -> None:
+    ended: list[Trajectory] = []
+    policy = SlowChars([call("bash", command="ls")], delay_s=0.6)
+    async with PolicyServer(policy, on_trajectory=ended.append) as srv, \
+            OpenAIPolicy(srv.url, "chars", timeout_s=0.25, retries=6, backoff_s=0.01) as client:
+        # Each attempt gives up after 0.25 s; the retries that come while the first is still
+        # sampling wait for it, and one after it gets its answer: nothing is sampled twice.
+        gen = await client.generate(GenerateRequest(
+            messages=[Message(role="user", content="hi")], episode_id="slow"))
+        async with httpx.AsyncClient(base_url=srv.url) as http:
+            assert (await http.post("/episodes/slow/end")).status_code == 200
+    assert len(policy.requests) == 1
+    [trajectory] = ended
+    [step] = trajectory.steps
+    assert (step.prompt_token_ids, step.completion_token_ids) == (gen.prompt_token_ids,
+                                                                  gen.completion_token_ids)
+
+
+# ---- journaling into a trajectory store ----
+
+def _journal_lines(run_dir: Path, trajectory_id: str) -> list[dict[str, Any]]:
+    path = run_dir / "journal" / f"{trajectory_id}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_recorder_journals_each_step_once_it_is_final(tmp_path: Path) -> None:
+    from tempering.trajectory.store import TrajectoryStore
+
+    handed: list[Trajectory] = []
+    with TrajectoryStore(tmp_path) as store:
+        async with PolicyServer(CharPolicy([call("bash", command="ls"), "done"]),
+                                recorder=store, on_trajectory=handed.append) as srv, \
+                httpx.AsyncClient(base_url=srv.url) as http:
+            first = await http.post("/chat/completions", json=chat(user="j"))
+            tid = (await http.get("/episodes/j")).json()["trajectory_id"]
+            assert [r["kind"] for r in _journal_lines(tmp_path, tid)] == ["begin"]  # not final
+            messages = chat()["messages"] + [first.json()["choices"][0]["message"],
+                                             {"role": "tool", "content": "a.txt"}]
+            await http.post("/chat/completions", json={"messages": messages, "user": "j"})
+            await http.post("/chat/completions", json={"messages": messages, "user": "j"})
+            lines = _journal_lines(tmp_path, tid)
+            assert [r["kind"] for r in lines] == ["begin", "step"]  # the retry adds nothing
+            assert lines[0]["header"]["instruction"] == "hi"
+            assert lines[1]["step"]["observation"] == "a.txt"
+            assert lines[1]["step"]["completion_token_ids"] == first.json()["choices"][0][
+                "token_ids"]
+            end = await http.post("/episodes/j/end", json={"reward": 1, "task_id": "t"})
+            assert end.json()["trajectory_id"] == tid
+            assert not (tmp_path / "journal" / f"{tid}.jsonl").exists()  # stored: journal done
+        [stored] = store.read()
+    assert stored == handed[0] and stored.trajectory_id == tid
+    assert [s.action for s in stored.steps] == ["bash", "message"] and stored.reward_value == 1
+
+
+def test_a_killed_serve_leaves_its_open_episode_in_the_run_dir(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tempering.trajectory.store import RECOVERED_ERROR, TrajectoryStore
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
+         "--port", "0", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    async def three_turns(url: str) -> list[Generation]:
+        convo, tokens, gens = [Message(role="user", content="List the files.")], [], []
+        async with OpenAIPolicy(url, "tiny") as client:
+            for turn in range(3):
+                gen = await client.generate(GenerateRequest(
+                    messages=convo, episode_id="crash", prefix_token_ids=tokens,
+                    prefix_messages=len(convo) - 1 if turn else 0,
+                    sampling=SamplingParams(max_tokens=6, seed=turn)))
+                gens.append(gen)
+                tokens = tokens + gen.prompt_token_ids + gen.completion_token_ids
+                convo += [Message(role="assistant", content=gen.content,
+                                  tool_calls=gen.tool_calls),
+                          Message(role="user", content=f"observation {turn}")]
+        return gens
+
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), "tempering serve did not start"
+        gens = asyncio.run(three_turns(url))
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no shutdown: only the journal can tell
+        proc.wait(timeout=30)
+    [recovered] = TrajectoryStore(run_dir).read()
+    assert (recovered.status, recovered.error) == (Status.INFRA_ERROR, RECOVERED_ERROR)
+    assert recovered.policy.startswith("local:") and recovered.instruction == "List the files."
+    # Both steps whose observation had arrived; the third completion's had not.
+    assert [(s.prompt_token_ids, s.completion_token_ids, s.logprobs, s.observation)
+            for s in recovered.steps] == [
+        (g.prompt_token_ids, g.completion_token_ids, g.logprobs, f"observation {turn}")
+        for turn, g in enumerate(gens[:2])]
+    assert recovered.steps[1].prompt_reused == len(gens[0].prompt_token_ids) + len(
+        gens[0].completion_token_ids)

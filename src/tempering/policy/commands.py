@@ -1,8 +1,11 @@
 """``tempering serve``: a local model behind an OpenAI-compatible server that records episodes.
 
 The engine is ``LocalEngine`` (a transformers model directory, or the tiny model built into the
-cache with ``--tiny``); the server is ``PolicyServer``. With ``--run-dir`` every ended episode is
-appended to that run's ``TrajectoryStore``, so ``tempering traj`` reads it like a rollout.
+cache with ``--tiny``); the server is ``PolicyServer``. With ``--run-dir`` the run's
+``TrajectoryStore`` is the server's recorder: each episode is journaled as it happens and
+appended when it ends, so ``tempering traj`` reads it like a rollout, and a server killed
+outright leaves its open episodes as ``infra_error`` trajectories, recovered when a
+``TrajectoryStore`` is next opened on the run (the next ``tempering serve --run-dir`` does).
 """
 
 from __future__ import annotations
@@ -11,13 +14,10 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tempering.cli import positive_int
 from tempering.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tempering.trajectory.schema import Trajectory
 
 
 def _port(text: str) -> int:
@@ -40,16 +40,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.run_dir is not None:
         from tempering.trajectory.store import TrajectoryStore
 
-        store = TrajectoryStore(args.run_dir)
-
-    async def on_trajectory(trajectory: Trajectory) -> None:
-        assert store is not None
-        await asyncio.to_thread(store.append, trajectory)  # one fsync: off the event loop
+        store = TrajectoryStore(args.run_dir)  # recovers what a killed server left
 
     async def serve() -> None:
         server = PolicyServer(policy, host=args.host, port=args.port,
                               model_name=args.served_model_name,
-                              on_trajectory=on_trajectory if store else None)
+                              recorder=store)
         try:
             await server.start()
         except OSError as exc:
@@ -111,8 +107,9 @@ def add_policy_commands(commands: Any) -> None:
     serve.add_argument("--port", type=_port, default=8000, metavar="PORT",
                        help="port to listen on; 0 picks a free one (default: 8000)")
     serve.add_argument("--run-dir", type=Path, metavar="DIR",
-                       help="append each ended episode to this run's trajectory store "
-                            "(default: episodes are not kept after they end)")
+                       help="journal each episode into this run's trajectory store as it "
+                            "happens and store it when it ends (default: episodes are not "
+                            "kept after they end)")
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model name /v1/models reports (default: local:<directory>)")
     serve.add_argument("--device", default="cpu",
