@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,13 @@ def run_dir(text: str) -> Path:
 
 
 def _jsonable(value: Any) -> Any:
-    """A DuckDB value as JSON can hold it (maps come back as dicts, dates as text)."""
+    """A DuckDB value as strict JSON holds it (maps come back as dicts, dates as text)."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no -inf (a forced token's log-prob): null keeps it parseable
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -76,8 +79,8 @@ def _add_query(group: Any) -> None:
     parser.add_argument("run", type=run_dir, metavar="RUN", help="the run directory")
     parser.add_argument("sql", metavar="SQL", help="the statement, in quotes")
     parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table (default; long cells cut), json (an array of objects) "
-                             "or csv (nested values as JSON)")
+                        help="table (default; long cells cut), json (an array of objects, one a "
+                             "line; -inf and nan as null) or csv (nested values as JSON)")
     parser.add_argument("--limit", type=int, default=1000, metavar="N",
                         help="print at most N rows, 0 for all (default: 1000)")
     parser.set_defaults(func=_cmd_query)
@@ -93,8 +96,9 @@ def _cmd_query(args: argparse.Namespace) -> int:
     more = limit is not None and len(rows) > limit
     rows = rows[:limit]
     if args.format == "json":
-        print(json.dumps([dict(zip(columns, map(_jsonable, row), strict=True))
-                          for row in rows], indent=1, default=str))
+        objects = [json.dumps(dict(zip(columns, map(_jsonable, row), strict=True)))
+                   for row in rows]  # one object a line: greppable, and still one JSON array
+        print("[" + ",\n ".join(objects) + "]")
     elif args.format == "csv":
         import csv
 

@@ -207,23 +207,28 @@ def _line(kind: str, **fields: Any) -> bytes:
     return pydantic_core.to_json({"kind": kind, **fields}) + b"\n"
 
 
-def _read_journal(path: Path) -> tuple[dict[str, Any], list[Step], list[Trajectory]] | None:
-    """(header, steps, ended trajectories) of a journal file; None without a readable header."""
-    records = []
-    for raw in path.read_bytes().split(b"\n"):
-        with contextlib.suppress(ValueError):  # empty, or torn: a writer killed mid-line
-            records.append(pydantic_core.from_json(raw, allow_inf_nan=True))
-    records = [r for r in records if isinstance(r, dict)]
-    if not records or not {"kind", "id", "owner"} <= records[0].keys():
-        return None  # journals are linked into place whole: only a machine crash gets here
+def _read_dead_journal(path: Path) -> tuple[dict[str, Any], list[Step],
+                                            list[Trajectory]] | None:
+    """(header, steps, ended trajectories) of a dead owner's journal; None for a live owner's
+    (only its header is read) or one whose header is unreadable."""
+    with open(path, "rb") as f:
+        try:  # journals are linked into place whole: only a machine crash tears a header
+            head = pydantic_core.from_json(f.readline())
+        except ValueError:
+            return None
+        if (not isinstance(head, dict) or not {"kind", "id", "owner"} <= head.keys()
+                or _owner_alive(head["owner"])):
+            return None
+        body = f.read()
     steps, ends = [], []
-    for rec in records[1:]:
-        with contextlib.suppress(ValidationError, KeyError):
+    for raw in body.split(b"\n"):
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # ValidationError too
+            rec = pydantic_core.from_json(raw, allow_inf_nan=True)  # a torn line raises
             if rec["kind"] == "step":
                 steps.append(Step.model_validate(rec["step"]))
             elif rec["kind"] == "end":
                 ends.append(Trajectory.model_validate(rec["trajectory"]))
-    return records[0], steps, ends
+    return head, steps, ends
 
 
 def _rebuilt(head: dict[str, Any], steps: list[Step], mtime: float) -> Trajectory:
@@ -350,6 +355,7 @@ class TrajectoryStore:
         """Journal one step of a begun episode (to the OS; not fsynced, see the module doc)."""
         line = b'{"kind":"step","step":' + _model_json(step) + b"}\n"
         with self._lock:
+            self._check_open()
             if trajectory_id not in self._begun:
                 raise StorageError(f"record_step({trajectory_id!r}): no episode begun under "
                                    "that id in this store; call begin() first")
@@ -460,11 +466,11 @@ class TrajectoryStore:
             done: list[Path] = []
             for path in sorted(self.journal_dir.glob("*.jsonl")):
                 try:
-                    entry, mtime = _read_journal(path), path.stat().st_mtime
+                    entry, mtime = _read_dead_journal(path), path.stat().st_mtime
                 except FileNotFoundError:
                     continue  # its live owner just dropped it
-                if entry is None or _owner_alive(entry[0]["owner"]):
-                    continue  # unreadable, or a live owner's: not ours to touch
+                if entry is None:
+                    continue  # a live owner's (not ours to touch), or unreadable
                 head, steps, ends = entry
                 if head["kind"] == "begin":
                     try:
