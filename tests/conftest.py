@@ -9,6 +9,9 @@ instead of taking the machine down.
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 from tempering.sandbox.cgroup import enter_guard
 
@@ -25,3 +28,13 @@ def pytest_report_header(config) -> str:  # type: ignore[no-untyped-def]
     guard = getattr(config, "_tempering_guard", None)
     return (f"tempering guard: pids<={GUARD_PIDS}, memory<={GUARD_MEMORY_MB} MiB ({guard})"
             if guard else "tempering guard: none (not root or no cgroups)")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 model and ChatML tokenizer (``policy.tiny``), built locally in ~2 s."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tempering.policy.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
