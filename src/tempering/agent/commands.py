@@ -98,7 +98,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
                         progress.update(bar, advance=1, description=" ".join(
                             f"{k} {v}" for k, v in sorted(counts.items())))
 
-                    await asyncio.gather(*(one(task, new_id(), i) for task in tasks
+                    groups = [(task, new_id()) for task in tasks]  # one group per task
+                    await asyncio.gather(*(one(task, group, i) for task, group in groups
                                            for i in range(args.samples)))
         finally:
             closing = getattr(policy, "aclose", None) or getattr(policy, "close", None)

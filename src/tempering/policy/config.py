@@ -24,8 +24,12 @@ ENGINES = {
     "local": "tempering.policy.local:LocalEngine",
     "openai": "tempering.policy.openai:OpenAIPolicy",
 }
-TINY_MODEL_DIR = Path(os.environ.get("TEMPERING_CACHE", Path.home() / ".cache" / "tempering"),
-                      "tiny-model")
+
+
+def tiny_model_dir() -> Path:
+    """Where the tiny model is built: ``$TEMPERING_CACHE/tiny-model``, or under ~/.cache."""
+    cache = os.environ.get("TEMPERING_CACHE") or Path.home() / ".cache" / "tempering"
+    return Path(cache, "tiny-model")
 
 
 class ScriptedPolicyConfig(BaseModel):
@@ -84,7 +88,7 @@ def build_policy(config: ScriptedPolicyConfig | LocalPolicyConfig | OpenAIPolicy
         if model is None:
             from tempering.policy.tiny import build_tiny_model
 
-            model = str(build_tiny_model(TINY_MODEL_DIR))
+            model = str(build_tiny_model(tiny_model_dir()))
         policy = engine(model, device=config.device, max_batch=config.max_batch)
     else:
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
