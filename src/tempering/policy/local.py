@@ -70,6 +70,9 @@ class LocalEngine:
                  max_context: int | None = None, name: str | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # our commands show their own progress
 
         path = Path(model_path).resolve()
         if isinstance(dtype, str) and not isinstance(getattr(torch, dtype, None), torch.dtype):
