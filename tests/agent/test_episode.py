@@ -8,6 +8,7 @@ names the boundary that failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +24,8 @@ from tempering.policy.scripted import ScriptedPolicy
 from tempering.reward import Grader
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.tasks import load_task
-from tempering.trajectory.schema import Status
+from tempering.trajectory.schema import Status, Trajectory
+from tempering.trajectory.store import TrajectoryStore
 
 MEDIAN = Path(__file__).parents[2] / "examples" / "tasks" / "median"
 SOLUTION = (MEDIAN / "solution" / "stats.py").read_text()
@@ -38,6 +40,20 @@ def task():  # type: ignore[no-untyped-def]
 async def grader():  # type: ignore[no-untyped-def]
     async with Grader() as g:
         yield g
+
+
+@pytest.fixture
+def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with TrajectoryStore(tmp_path / "run") as s:
+        yield s
+
+
+def assert_stored(store: TrajectoryStore, trajectory: Trajectory) -> None:
+    """The episode was acknowledged: a fresh reader of the run finds it, once, unchanged."""
+    store.flush()
+    found = [t for t in TrajectoryStore(store.run_dir).read()
+             if t.trajectory_id == trajectory.trajectory_id]
+    assert found == [trajectory]
 
 
 def _pids(sb: Sandbox) -> list[int]:
@@ -132,9 +148,9 @@ async def test_long_observations_keep_head_and_tail(task, grader) -> None:
     assert truncate("abc", 10) == "abc"
 
 
-async def test_give_up_has_its_own_reward_and_tampering_is_zeroed(task, grader) -> None:
+async def test_give_up_has_its_own_reward_and_tampering_is_zeroed(task, grader, store) -> None:
     gave_up = await run_episode(task, ScriptedPolicy([("give_up", {})]), grader=grader,
-                                config=EpisodeConfig(give_up_reward=0.05))
+                                config=EpisodeConfig(give_up_reward=0.05), recorder=store)
     assert gave_up.status == Status.OK and gave_up.finish_reason == "give_up"
     assert gave_up.reward is not None and gave_up.reward.reward == 0.05
     assert "gave_up" in gave_up.reward.flags
@@ -143,21 +159,24 @@ async def test_give_up_has_its_own_reward_and_tampering_is_zeroed(task, grader) 
              "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
     tampered = await run_episode(task, ScriptedPolicy([
         ("write_file", {"path": "conftest.py", "content": cheat}), ("submit", {})]),
-        grader=grader)
+        grader=grader, recorder=store)
     assert tampered.status == Status.TAMPERED
     assert tampered.reward is not None and tampered.reward.reward == 0.0
     assert gave_up.reward.reward > tampered.reward.reward
+    assert_stored(store, gave_up)
+    assert_stored(store, tampered)
 
 
-async def test_command_that_loops_forever_is_a_model_timeout(task, grader) -> None:
+async def test_command_that_loops_forever_is_a_model_timeout(task, grader, store) -> None:
     policy = ScriptedPolicy([("bash", {"command": "while :; do :; done"}),
                              ("submit", {})])
     traj = await run_episode(task, policy, grader=grader, config=EpisodeConfig(
-        wall_time_s=2.0, command_timeout_s=30.0))
+        wall_time_s=2.0, command_timeout_s=30.0), recorder=store)
     assert traj.status == Status.MODEL_TIMEOUT and traj.finish_reason == "wall_time"
     assert traj.steps[0].timed_out and "timed out" in traj.steps[0].observation
     assert traj.reward is not None  # the model's failure is graded: it is learning signal
     assert traj.duration_s < 15
+    assert_stored(store, traj)
 
 
 async def test_command_timeout_alone_is_an_observation(task, grader) -> None:
@@ -169,29 +188,33 @@ async def test_command_timeout_alone_is_an_observation(task, grader) -> None:
     assert traj.steps[1].observation.strip() == "still here"
 
 
-async def test_sandbox_killed_mid_episode_is_an_infra_error(task, grader) -> None:
+async def test_sandbox_killed_mid_episode_is_an_infra_error(task, grader, store) -> None:
     def kill(sb: Sandbox) -> None:
         for pid in _pids(sb):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may exit on its own first
+                os.kill(pid, signal.SIGKILL)
 
     policy = Faulty(ScriptedPolicy([("bash", {"command": "echo one"}),
                                     ("bash", {"command": "echo two"})]), at=1, fault=kill)
     async with open_sandbox(task.sandbox) as sb:
         await task.prepare(sb)
         policy.sandbox = sb
-        traj = await asyncio.wait_for(run_episode(task, policy, grader=grader, sandbox=sb), 60)
+        traj = await asyncio.wait_for(run_episode(task, policy, grader=grader, sandbox=sb,
+                                                  recorder=store), 60)
     assert traj.status == Status.INFRA_ERROR, traj.error
     assert traj.reward is None and traj.error and "Sandbox" in traj.error
     assert traj.steps[0].observation.strip() == "one"
+    assert_stored(store, traj)
 
 
-async def test_frozen_sandbox_is_an_env_timeout(task, grader) -> None:
+async def test_frozen_sandbox_is_an_env_timeout(task, grader, store) -> None:
     frozen: list[int] = []
 
     def freeze(sb: Sandbox) -> None:
         for pid in _pids(sb):
-            os.kill(pid, signal.SIGSTOP)
-            frozen.append(pid)
+            with contextlib.suppress(ProcessLookupError):  # it may exit on its own first
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
 
     policy = Faulty(ScriptedPolicy([("bash", {"command": "echo one"}),
                                     ("bash", {"command": "echo two"})]), at=1, fault=freeze)
@@ -201,22 +224,25 @@ async def test_frozen_sandbox_is_an_env_timeout(task, grader) -> None:
         try:
             traj = await asyncio.wait_for(run_episode(
                 task, policy, grader=grader, sandbox=sb,
-                config=EpisodeConfig(command_timeout_s=1.0, env_grace_s=1.0)), 60)
+                config=EpisodeConfig(command_timeout_s=1.0, env_grace_s=1.0), recorder=store), 60)
         finally:
             for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     assert traj.status == Status.ENV_TIMEOUT, (traj.status, traj.error)
     assert traj.reward is None and "did not answer" in (traj.error or "")
+    assert_stored(store, traj)
 
 
-async def test_sandbox_that_cannot_start_is_still_a_trajectory(task, grader) -> None:
+async def test_sandbox_that_cannot_start_is_still_a_trajectory(task, grader, store) -> None:
     broken = task.sandbox.model_copy(update={"rootfs": "/nonexistent/rootfs"})
     bad_task = type(task)(config=task.config.model_copy(update={"sandbox": broken}),
                           instruction=task.instruction, workspace=task.workspace,
                           tests=task.tests, root=task.root)
-    traj = await run_episode(bad_task, ScriptedPolicy([]), grader=grader)
+    traj = await run_episode(bad_task, ScriptedPolicy([]), grader=grader, recorder=store)
     assert traj.status == Status.INFRA_ERROR and traj.steps == []
     assert traj.error and traj.error.startswith("sandbox:")
+    assert_stored(store, traj)
 
 
 class PerEpisode:
@@ -255,7 +281,7 @@ async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grade
     assert rewards == [0.0, 0.0, 1.0]  # the siblings' sandboxes are independent
 
 
-async def test_harness_out_of_memory_is_an_infra_error(task, grader) -> None:
+async def test_harness_out_of_memory_is_an_infra_error(task, grader, store) -> None:
     def exhaust(sb: Sandbox) -> None:
         bytearray(1 << 46)  # 64 TiB: the harness's allocator fails for real
 
@@ -264,6 +290,7 @@ async def test_harness_out_of_memory_is_an_infra_error(task, grader) -> None:
     async with open_sandbox(task.sandbox) as sb:
         await task.prepare(sb)
         policy.sandbox = sb
-        traj = await run_episode(task, policy, grader=grader, sandbox=sb)
+        traj = await run_episode(task, policy, grader=grader, sandbox=sb, recorder=store)
     assert traj.status == Status.INFRA_ERROR and traj.error
     assert traj.error.startswith("MemoryError") and len(traj.steps) == 1
+    assert_stored(store, traj)

@@ -72,7 +72,7 @@ class LocalEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # our commands show their own progress
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our commands show their own progress
 
         path = Path(model_path).resolve()
         if isinstance(dtype, str) and not isinstance(getattr(torch, dtype, None), torch.dtype):

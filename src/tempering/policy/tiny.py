@@ -165,7 +165,7 @@ def build_tiny_model(path: str | os.PathLike[str], *, seed: int = 0, vocab_size:
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a second's build needs no progress bar
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a second's build needs no progress bar
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -237,7 +237,11 @@ class InitChannel:
              fds: Sequence[int] = ()) -> None:
         if self._sock is None:
             raise SandboxClosedError(f"{self._label} is closed")
-        _send(self._sock, _HEADER.pack(kind, ident, a, b) + payload, fds)
+        try:
+            _send(self._sock, _HEADER.pack(kind, ident, a, b) + payload, fds)
+        except (BrokenPipeError, ConnectionResetError) as exc:  # init died under us
+            raise SandboxClosedError(f"{self._label} died: its init no longer answers "
+                                     f"({exc.strerror})") from exc
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdout: Sink,
               stderr: Sink, stdin: bytes | object | None) -> LocalProcess:
@@ -264,7 +268,11 @@ class InitChannel:
     async def mark(self, ident: int) -> None:
         fut = self._loop.create_future()
         self._marks[ident] = fut
-        self.send(MSG_MARK, ident)
+        try:
+            self.send(MSG_MARK, ident)
+        except BaseException:
+            self._marks.pop(ident, None)
+            raise
         await fut
 
 
