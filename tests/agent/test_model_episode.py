@@ -9,6 +9,10 @@ the episode equals the client's token for token, and the trajectory is stored an
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,19 +72,34 @@ async def test_local_engine_episode_is_token_faithful_and_stored(engine, tmp_pat
     assert stored == trajectory
 
 
-async def test_episode_through_the_openai_server_matches_the_servers_record(engine) -> None:
+async def test_episode_through_tempering_serve_matches_the_servers_record(
+        engine, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``tempering serve`` runs as its own process; the episode talks to it over HTTP."""
     import httpx
 
     from tempering.policy.openai import OpenAIPolicy
-    from tempering.policy.serve import PolicyServer
 
     task = load_task(MEDIAN)
-    ended: list[Trajectory] = []
-    async with PolicyServer(engine, on_trajectory=ended.append) as server, \
-            OpenAIPolicy(server.url, "tiny") as client, Grader() as grader:
-        trajectory = await run_episode(task, client, config=CONFIG, grader=grader)
+    served = tmp_path / "served"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
+        "--port", "0", "--run-dir", str(served), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        assert proc.stdout is not None
+        url = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip()
+        assert url.startswith("http://127.0.0.1:"), "tempering serve did not start"
+        async with OpenAIPolicy(url, "tiny") as client, Grader() as grader:
+            trajectory = await run_episode(task, client, config=CONFIG, grader=grader)
         async with httpx.AsyncClient() as http:
-            record = (await http.get(f"{server.url}/episodes/{trajectory.trajectory_id}")).json()
+            record = (await http.get(f"{url}/episodes/{trajectory.trajectory_id}")).json()
+            ended = await http.post(f"{url}/episodes/{trajectory.trajectory_id}/end",
+                                    json={"reward": trajectory.reward_value,
+                                          "task_id": task.id})
+            assert ended.status_code == 200, ended.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 30)
     assert trajectory.reward is not None and trajectory.policy == "openai:tiny"
     steps = record["steps"]
     assert len(steps) == len(trajectory.steps) >= 1
@@ -91,5 +110,11 @@ async def test_episode_through_the_openai_server_matches_the_servers_record(engi
         assert ours.logprobs == pytest.approx(theirs["logprobs"], abs=1e-6)
         assert ours.weights_version == theirs["weights_version"]
     assert all(s.prompt_reused > 0 for s in trajectory.steps[1:])
+    # the server's stored copy is the same sequence, token for token
+    [kept] = list(TrajectoryStore(served).read())
+    assert kept.sequence() == trajectory.sequence()
+    assert [s.observation for s in kept.steps[:-1]] == \
+        [s.observation for s in trajectory.steps[:-1]]
+    # and the same weights, loaded here, give the log-probs the server recorded
     recorded, fresh = _recomputed_logprobs(engine, trajectory)
     assert max(abs(a - b) for a, b in zip(recorded, fresh, strict=True)) < 1e-4
