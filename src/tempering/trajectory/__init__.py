@@ -1,7 +1,9 @@
 """Trajectories: every step of every episode, with exact tokens, stored and filtered.
 
-See ``schema.py`` for the data, ``store.py`` for how it is kept (append-only Parquet with a
-crash journal), ``query.py`` (DuckDB), ``filters.py`` and ``export.py``.
+See ``schema.py`` for the data; ``store.py`` for how it is kept (append-only Parquet parts,
+``parquet.py``, with a crash journal, ``journal.py``); ``query.py`` (DuckDB views and stats);
+``filters.py`` and ``export.py`` (SFT JSONL, Hugging Face datasets, ATIF); ``commands.py`` and
+``curation.py`` for ``tempering traj``.
 """
 
 from __future__ import annotations
