@@ -28,7 +28,14 @@ from tempering.policy.base import GenerateRequest, Generation, Message, Policy, 
 from tempering.reward.result import RewardResult
 from tempering.sandbox import Sandbox
 from tempering.tasks.task import Task
-from tempering.trajectory.schema import FinishReason, Status, Step, Trajectory, new_id
+from tempering.trajectory.schema import (
+    EpisodeHeader,
+    FinishReason,
+    Status,
+    Step,
+    Trajectory,
+    new_id,
+)
 
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux sandbox; your workspace is the current directory. "
@@ -67,7 +74,7 @@ class EpisodeConfig(BaseModel):
 class Recorder(Protocol):
     """Where an episode journals its steps (``TrajectoryStore`` is one)."""
 
-    def begin(self, trajectory_id: str, header: dict[str, Any]) -> None: ...
+    def begin(self, trajectory_id: str, header: EpisodeHeader) -> None: ...
     def record_step(self, trajectory_id: str, step: Step) -> None: ...
     def append(self, trajectory: Trajectory) -> None: ...
 
@@ -271,14 +278,13 @@ class Episode:
         if self.tools is not None:
             await self.tools.close()
 
-    def _header(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "task_id": self.task.id, "group_id": self.group_id,
-                "sample_index": self.sample_index, "parent_id": self.parent_id,
-                "branch_step": self.branch_step,
-                "policy": getattr(self.policy, "name", "policy"),
-                "system_prompt": self.config.system_prompt,
-                "instruction": self.task.instruction, "tools": json.dumps(TOOLS),
-                "started_at": self.started_at}
+    def _header(self) -> EpisodeHeader:
+        return EpisodeHeader(
+            run_id=self.run_id, task_id=self.task.id, group_id=self.group_id,
+            sample_index=self.sample_index, parent_id=self.parent_id,
+            branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
+            system_prompt=self.config.system_prompt, instruction=self.task.instruction,
+            tools=json.dumps(TOOLS), started_at=self.started_at)
 
 
 def _describe(exc: BaseException) -> str:

@@ -44,7 +44,14 @@ from tempering.policy.base import GenerateRequest, Generation, Message, Policy
 from tempering.policy.http import HTTPError, HTTPServer, Request, Response, Router
 from tempering.policy.openai import ChatRequest, TemperingExtension, completion_response
 from tempering.reward.result import RewardResult
-from tempering.trajectory.schema import FinishReason, Status, Step, Trajectory, new_id
+from tempering.trajectory.schema import (
+    EpisodeHeader,
+    FinishReason,
+    Status,
+    Step,
+    Trajectory,
+    new_id,
+)
 
 if TYPE_CHECKING:
     from tempering.agent.episode import Recorder  # the agent package pulls in sandboxes
@@ -328,10 +335,10 @@ class PolicyServer:
             return
         try:
             if not episode.begun:
-                self.recorder.begin(episode.trajectory_id, {
-                    "task_id": "", "policy": self.policy.name, "started_at": episode.started_at,
-                    "system_prompt": episode.system_prompt, "instruction": episode.instruction,
-                    "tools": episode.tools})
+                self.recorder.begin(episode.trajectory_id, EpisodeHeader(
+                    task_id="", policy=self.policy.name, started_at=episode.started_at,
+                    system_prompt=episode.system_prompt, instruction=episode.instruction,
+                    tools=episode.tools))
                 episode.begun = True
             for step in episode.steps[episode.journaled:]:
                 self.recorder.record_step(episode.trajectory_id, step)

@@ -33,33 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tempering.errors import StorageError
-from tempering.trajectory.schema import Status, Step, Trajectory
+from tempering.trajectory.schema import EpisodeHeader, Status, Step, Trajectory
 
 JOURNAL_DIR = "journal"
 RECOVERED_ERROR = "harness died mid-episode (recovered from its journal)"
 
 _seq = itertools.count()  # per process: two stores in one process never pick the same name
-
-
-class EpisodeHeader(BaseModel):
-    """What ``begin`` journals about an episode: enough to rebuild it if the harness dies."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    task_id: str
-    run_id: str = ""
-    group_id: str = ""
-    sample_index: int = 0
-    parent_id: str | None = None
-    branch_step: int | None = None
-    policy: str = ""
-    system_prompt: str = ""
-    instruction: str = ""
-    tools: str = ""
-    started_at: float = 0.0
 
 
 # ---- lines ----

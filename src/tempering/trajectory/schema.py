@@ -109,6 +109,25 @@ class Step(BaseModel):
     """True for the shared prefix a branched episode copied from its parent."""
 
 
+class EpisodeHeader(BaseModel):
+    """What is known of an episode when it begins: journaled first, so that a harness that dies
+    mid-episode still leaves a trajectory (its fields are the ``Trajectory``'s of that name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task_id: str
+    run_id: str = ""
+    group_id: str = ""
+    sample_index: int = 0
+    parent_id: str | None = None
+    branch_step: int | None = None
+    policy: str = ""
+    system_prompt: str = ""
+    instruction: str = ""
+    tools: str = ""
+    started_at: float = 0.0
+
+
 class Trajectory(BaseModel):
     """One episode, from prompt to grade."""
 

@@ -45,7 +45,7 @@ from pydantic import BaseModel
 
 from tempering.errors import ConfigError, StorageError
 from tempering.trajectory import journal
-from tempering.trajectory.journal import JOURNAL_DIR, RECOVERED_ERROR, EpisodeHeader
+from tempering.trajectory.journal import JOURNAL_DIR, RECOVERED_ERROR
 from tempering.trajectory.parquet import (
     PART_GLOB,
     PARTS_DIR,
@@ -59,7 +59,7 @@ from tempering.trajectory.parquet import (
     to_table,
     write_part,
 )
-from tempering.trajectory.schema import Step, Trajectory
+from tempering.trajectory.schema import EpisodeHeader, Step, Trajectory
 
 # Re-exported: callers import these from here, where they lived before the split.
 __all__ = ["JOURNAL_DIR", "PARTS_DIR", "PART_GLOB", "RECOVERED_ERROR", "REWARD_COLUMNS", "SCHEMA",
