@@ -1,6 +1,6 @@
 """Episodes and trajectories: framework overhead per step, store throughput, query latency.
 
-    python benchmarks/episodes.py [--quick] [--only overhead,store,query] [--json FILE]
+    python benchmarks/episodes.py [--quick] [--only overhead,store,query,engine] [--json FILE]
 
 - overhead: an episode of T bash turns (`true`) with a scripted policy, with and without the
   trajectory journal, against the same policy calls and the same commands in the same kind of
@@ -9,6 +9,8 @@
 - store: trajectories of 10 steps stored durably (acknowledged one by one, in groups of 8, and
   journaled step by step as the episode loop does), per second, against writing the same rows
   with pyarrow alone (nothing acknowledged until the end, no journal).
+- engine: the local engine's continuous batching, tokens per second with 16 requests at once
+  against the same requests one at a time (the tiny model on the CPU).
 - query: an aggregate over 100,000 stored steps with DuckDB (`tempering traj query`), against
   reading every trajectory back into Python and aggregating there.
 """
@@ -187,8 +189,40 @@ async def query_latency(args: argparse.Namespace) -> list[Figure]:
                           * 1e3, "ms", python * 1e3, "read back into Python and aggregate")])
 
 
+async def engine(args: argparse.Namespace) -> list[Figure]:
+    from tempering.policy.base import SamplingParams
+    from tempering.policy.local import LocalEngine
+    from tempering.policy.tiny import build_tiny_model
+
+    batch, tokens = 16, 64
+    with tempfile.TemporaryDirectory(prefix="tempering-bench-") as tmp:
+        model = build_tiny_model(Path(tmp, "tiny"))
+        async with LocalEngine(model, max_batch=batch) as eng:
+            def request(seed: int) -> GenerateRequest:
+                return GenerateRequest(
+                    messages=[Message(role="user", content=f"Write a function {seed}.")],
+                    sampling=SamplingParams(max_tokens=tokens, seed=seed, stop=[]))
+
+            await eng.generate(request(0))  # warm up
+            rounds = 2 if args.quick else 5
+            together, alone = [], []
+            for r in range(rounds):
+                t0 = time.perf_counter()
+                gens = await asyncio.gather(*(eng.generate(request(r * batch + i))
+                                              for i in range(batch)))
+                together.append(sum(len(g.completion_token_ids) for g in gens)
+                                / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                n = 0
+                for i in range(batch):
+                    n += len((await eng.generate(request(r * batch + i))).completion_token_ids)
+                alone.append(n / (time.perf_counter() - t0))
+    return report([Figure("engine", f"tiny model, {batch} requests at once", statistics.median(
+        together), "tokens/s", statistics.median(alone), "the same requests one at a time")])
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], Awaitable[list[Figure]]]] = {
-    "overhead": overhead, "store": store_throughput, "query": query_latency}
+    "overhead": overhead, "store": store_throughput, "query": query_latency, "engine": engine}
 
 
 def machine() -> dict[str, object]:
