@@ -40,7 +40,7 @@ digest=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "setup: installing the tempering package into .venv"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e '.[dev,train]'
+    .venv/bin/python -m pip install -q -e '.[dev,train,ray]'
     echo "$digest" > "$stamp"
 fi
 .venv/bin/tempering doctor >/dev/null 2>&1 || .venv/bin/tempering doctor
