@@ -27,7 +27,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tempering.errors import ConfigError, PolicyError, WorkerLostError  # noqa: E402
 from tempering.policy.base import GenerateRequest, Generation, Message, Policy  # noqa: E402
 from tempering.policy.config import LocalPolicyConfig, ScriptedPolicyConfig  # noqa: E402
-from tempering.scheduler.job import JobContext, JobSpec, Paused  # noqa: E402
+from tempering.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from tempering.scheduler.job import JobContext, JobSpec, JobStatus, Paused  # noqa: E402
 from tempering.scheduler.ray import RayExecutor, RayPolicy, start_inference  # noqa: E402
 from tempering.scheduler.resources import Resources  # noqa: E402
 from tempering.trajectory.schema import Status  # noqa: E402
@@ -79,6 +80,30 @@ async def count_steps(ctx: JobContext, *, steps: int) -> Any:
         done.append(ctx.attempt)
         await asyncio.sleep(0.05)
     return done
+
+
+async def slow_once(ctx: JobContext, *, started: str, path: str, first_s: float,
+                    retry_s: float = 0.1) -> tuple[str, int, int]:
+    """Slow on its first attempt (the one a test breaks), quick on a retry; the side effect at
+    the very end counts completions."""
+    node = ray.get_runtime_context().get_node_id()
+    Path(f"{started}.{ctx.attempt}").write_text(f"{node} {os.getpid()}")
+    await asyncio.sleep(first_s if ctx.attempt == 1 else retry_s)
+    with open(path, "a") as f:
+        f.write(f"{ctx.job_id}\n")
+    return node, os.getpid(), ctx.attempt
+
+
+async def count_steps_resumable(ctx: JobContext, *, steps: int) -> Any:
+    """Like count_steps; also says how many steps the last resumption started from."""
+    done: list[int] = list(ctx.resume or [])
+    resumed_from = len(done)
+    while len(done) < steps:
+        if ctx.pause_requested:
+            return Paused(done)
+        done.append(ctx.attempt)
+        await asyncio.sleep(0.05)
+    return done, resumed_from
 
 
 async def median_episode(ctx: JobContext) -> Any:
@@ -316,6 +341,87 @@ async def test_a_real_episode_in_a_local_sandbox_on_a_ray_worker(executors: Any)
     assert trajectory.status == Status.OK and trajectory.finish_reason == "submit"
     assert trajectory.reward is not None and trajectory.reward.reward == 1.0
     assert [s.action for s in trajectory.steps] == ["write_file", "submit"]
+
+
+# ---- through the Scheduler ------------------------------------------------------------------
+
+def ray_scheduler(**config: Any) -> Scheduler:
+    return Scheduler(executor=RayExecutor(slots_per_worker=SLOTS, poll_s=0.3, lease_s=10.0),
+                     config=SchedulerConfig(**config))
+
+
+def completions(path: Path) -> list[str]:
+    return sorted(path.read_text().split()) if path.exists() else []
+
+
+async def test_scheduler_retries_the_jobs_of_a_removed_node_and_loses_or_doubles_none(
+        ray_up: Cluster, tmp_path: Path) -> None:
+    node = ray_up.add_node(num_cpus=1, resources={"rollout": 1})
+    try:
+        async with ray_scheduler() as sched:
+            await eventually(lambda: sched.capacity == Resources.of(sandbox=4), what="2 nodes")
+            handles = [await sched.submit(spec(slow_once, started=str(tmp_path / f"s{i}"),
+                                               path=str(tmp_path / "out"), first_s=2.5))
+                       for i in range(4)]
+            await eventually(lambda: len(list(tmp_path.glob("s*.1"))) == 4, what="4 started")
+            doomed = str(node.node_id)
+            on_doomed = {i for i in range(4)
+                         if (tmp_path / f"s{i}.1").read_text().split()[0] == doomed}
+            assert len(on_doomed) == 2  # placed by free room: two on each node
+            ray_up.remove_node(node)
+            node = None
+            results = [await asyncio.wait_for(h.result(), 20) for h in handles]
+        assert [r.status for r in results] == [JobStatus.DONE] * 4
+        assert {i for i, r in enumerate(results) if r.attempts == 2} == on_doomed
+        assert all(r.value[0] != doomed for r in results)
+        assert completions(tmp_path / "out") == sorted(h.id for h in handles)  # once each
+    finally:
+        if node is not None:
+            ray_up.remove_node(node)
+
+
+async def test_scheduler_retries_a_job_whose_worker_process_was_killed(
+        ray_up: Cluster, tmp_path: Path) -> None:
+    async with ray_scheduler() as sched:
+        handle = await sched.submit(spec(slow_once, started=str(tmp_path / "s"),
+                                         path=str(tmp_path / "out"), first_s=30))
+        await eventually(lambda: (tmp_path / "s.1").exists(), what="the job started")
+        pid = int((tmp_path / "s.1").read_text().split()[1])
+        os.kill(pid, signal.SIGKILL)
+        result = await asyncio.wait_for(handle.result(), 20)
+    assert result.status is JobStatus.DONE and result.attempts == 2
+    assert result.value[1] != pid and result.value[2] == 2
+    assert completions(tmp_path / "out") == [handle.id]
+
+
+async def test_scheduler_cancel_stops_the_remote_job_and_starts_the_next(
+        ray_up: Cluster, tmp_path: Path) -> None:
+    async with ray_scheduler() as sched:
+        whole = Resources.of(sandbox=2)  # each job takes the whole (only) worker
+        first = await sched.submit(spec(slow_once, whole, started=str(tmp_path / "a"),
+                                        path=str(tmp_path / "out"), first_s=1.0))
+        second = await sched.submit(spec(where, whole))
+        await eventually(lambda: (tmp_path / "a.1").exists(), what="the first job started")
+        assert second.status is JobStatus.QUEUED
+        began = time.monotonic()
+        assert first.cancel()
+        assert (await asyncio.wait_for(second.result(), 5)).status is JobStatus.DONE
+        assert time.monotonic() - began < 0.8
+        assert (await first.result()).status is JobStatus.CANCELLED
+        await asyncio.sleep(1.2)
+    assert completions(tmp_path / "out") == []  # the cancelled job never reached its end
+
+
+async def test_scheduler_pauses_stragglers_on_ray_and_resumes_their_prefix(
+        ray_up: Cluster) -> None:
+    async with ray_scheduler(stragglers="pause", pause_grace_s=5) as sched:
+        handle = await sched.submit(JobSpec(functools.partial(count_steps_resumable, steps=30),
+                                            demand=Resources.of(sandbox=1), deadline_s=0.6))
+        result = await asyncio.wait_for(handle.result(), 20)
+    assert result.status is JobStatus.DONE
+    done, resumed_from = result.value
+    assert done == [1] * 30 and 0 < resumed_from < 30  # resumed, not redone
+    assert result.attempts == 1
 
 
 # ---- inference on its own node ----------------------------------------------------------------

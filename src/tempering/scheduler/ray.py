@@ -74,6 +74,7 @@ executor's ``slots_per_worker`` says how much work it takes."""
 PAUSED_REMEMBERED = 10_000
 """Most paused jobs whose worker is remembered (a job never resumed must not grow it forever)."""
 
+
 @dataclass(eq=False)
 class _Worker:
     handle: Any
