@@ -13,6 +13,8 @@
     │   └── ResourceExhaustedError             the pool is full (and waiting was not asked for)
     ├── VerifierError                         grading could not produce a result
     ├── SchedulerError                        scheduling and resources
+    │   ├── QueueFullError                     back-pressure: the queue is at its bound
+    │   └── WorkerLostError                    the worker running a job died or went silent
     ├── StorageError                          trajectory storage
     └── PolicyError                           inference engines
         └── PolicyTimeoutError (TimeoutError)  the engine or server did not answer in time
@@ -81,6 +83,14 @@ class VerifierError(TemperingError):
 
 class SchedulerError(TemperingError):
     """Scheduling or resource accounting failed."""
+
+
+class QueueFullError(SchedulerError):
+    """The scheduler's queue is at ``max_queued`` and the caller asked not to wait."""
+
+
+class WorkerLostError(SchedulerError):
+    """The worker running a job died or stopped answering; the job may run again elsewhere."""
 
 
 class StorageError(TemperingError):
