@@ -1,0 +1,137 @@
+"""Episodes as scheduler jobs: heartbeats per turn, pausing at turn boundaries, any executor.
+
+``episode_job`` plays one episode under a ``JobContext``: it heartbeats after every turn (so a
+lease notices a hung episode), and when the scheduler asks it to pause it stops at the next turn
+boundary and returns ``Paused`` holding the live episode, keeping its sandbox and giving back its
+inference slot; resumed, it carries on from that turn, so the prefix is never redone.
+
+Arguments may be objects (in this process) or references that pickle (on a Ray worker): a task
+directory instead of a ``Task``, a policy configuration instead of a ``Policy``, a run directory
+instead of a store. References are resolved once per process and cached, so a worker builds one
+engine, one grader and one store however many episodes it plays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder, _describe
+from tempering.policy.base import Policy
+from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, ScriptedPolicyConfig
+from tempering.sandbox import Sandbox, open_sandbox
+from tempering.scheduler.job import JobContext, Paused
+from tempering.scheduler.resources import Resources
+from tempering.tasks.task import Task
+from tempering.trajectory.schema import Status, Trajectory
+
+PolicyRef = Policy | ScriptedPolicyConfig | LocalPolicyConfig | OpenAIPolicyConfig
+_cache: dict[str, Any] = {}
+
+
+@dataclass
+class PausedEpisode:
+    """A live episode stopped between turns (in-process only: it holds an open sandbox)."""
+
+    episode: Episode
+    sandbox: Sandbox
+
+
+async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
+                      config: EpisodeConfig | None = None, grader: Any = None,
+                      recorder: Recorder | str | None = None, run_id: str = "",
+                      group_id: str = "", sample_index: int = 0,
+                      keep_when_paused: Resources | None = None) -> Trajectory | Paused:
+    """Play (or resume) one episode; see the module docstring."""
+    paused: PausedEpisode | None = ctx.resume
+    if paused is None:
+        the_task = task if isinstance(task, Task) else _task(task)
+        episode, sandbox = await _start(the_task, _policy(policy), config, grader,
+                                        _recorder(recorder), run_id, group_id, sample_index)
+        if episode.ending is not None:  # the sandbox did not start: recorded already
+            return await episode.finish()
+    else:
+        episode, sandbox = paused.episode, paused.sandbox
+    try:
+        while True:
+            ending = await episode.play(until_turn=len(episode.steps) + 1)
+            ctx.heartbeat()
+            if ending is not None:
+                break
+            if ctx.pause_requested and sandbox is not None:
+                keep = keep_when_paused or Resources.of(sandbox=1)
+                sandbox_to_keep, sandbox = sandbox, None
+                return Paused(PausedEpisode(episode, sandbox_to_keep), keep=keep)
+        return await episode.finish()
+    except asyncio.CancelledError:
+        episode.ending = Ending(Status.INFRA_ERROR, "error", "cancelled by the scheduler")
+        await asyncio.shield(episode.finish())
+        raise
+    finally:
+        if sandbox is not None:
+            await _close(episode, sandbox)
+
+
+async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grader: Any,
+                 recorder: Recorder | None, run_id: str, group_id: str,
+                 sample_index: int) -> tuple[Episode, Sandbox | None]:
+    try:
+        sandbox = await open_sandbox(task.sandbox)
+    except Exception as exc:  # noqa: BLE001 - becomes an infra_error trajectory
+        episode = Episode(task, policy, None, config=config, grader=grader, recorder=recorder,
+                          run_id=run_id, group_id=group_id, sample_index=sample_index)
+        episode.begin()
+        episode.ending = Ending(Status.INFRA_ERROR, "error", f"sandbox: {_describe(exc)}")
+        return episode, None
+    episode = Episode(task, policy, sandbox, config=config, grader=grader, recorder=recorder,
+                      run_id=run_id, group_id=group_id, sample_index=sample_index)
+    episode.begin()
+    try:
+        await task.prepare(sandbox)
+    except Exception as exc:  # noqa: BLE001
+        episode.ending = Ending(Status.INFRA_ERROR, "error", f"sandbox: {_describe(exc)}")
+    return episode, sandbox
+
+
+async def _close(episode: Episode, sandbox: Sandbox) -> None:
+    try:
+        await episode.close()
+        await sandbox.close()
+    except Exception:  # noqa: BLE001, S110 - the trajectory is already recorded
+        pass
+
+
+def _task(path: str) -> Task:
+    from tempering.tasks import load_task
+
+    key = f"task:{Path(path).resolve()}"
+    if key not in _cache:
+        _cache[key] = load_task(path)
+    task: Task = _cache[key]
+    return task
+
+
+def _policy(ref: PolicyRef) -> Policy:
+    if isinstance(ref, ScriptedPolicyConfig | LocalPolicyConfig | OpenAIPolicyConfig):
+        from tempering.policy.config import build_policy
+
+        key = f"policy:{ref.model_dump_json()}"
+        if key not in _cache:
+            _cache[key] = build_policy(ref)
+        policy: Policy = _cache[key]
+        return policy
+    return ref
+
+
+def _recorder(ref: Recorder | str | None) -> Recorder | None:
+    if not isinstance(ref, str):
+        return ref
+    from tempering.trajectory.store import TrajectoryStore
+
+    key = f"store:{Path(ref).resolve()}"
+    if key not in _cache:
+        _cache[key] = TrajectoryStore(ref)
+    store: Recorder = _cache[key]
+    return store
