@@ -58,15 +58,11 @@ def _load_tasks(specs: list[str]) -> list[Task]:
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
-    from tempering.agent import EpisodeConfig, run_episode
+    from tempering.agent import EpisodeConfig
     from tempering.policy.base import SamplingParams
-    from tempering.policy.config import build_policy, parse_policy
-    from tempering.reward import Grader
-    from tempering.trajectory.schema import new_id
-    from tempering.trajectory.store import TrajectoryStore
+    from tempering.policy.config import parse_policy
 
     tasks = _load_tasks(args.tasks)
     policy_config = parse_policy(args.policy, model=args.model)
@@ -75,45 +71,13 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
                                                    max_tokens=args.max_tokens, seed=args.seed))
     run_dir = args.run_dir or Path("runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
     console = Console(stderr=True)
-    run_id = Path(run_dir).name
-    total = len(tasks) * args.samples
-
-    async def main() -> list[Trajectory]:
-        policy = build_policy(policy_config)
-        gate = asyncio.Semaphore(args.concurrency)
-        done: list[Trajectory] = []
-        try:
-            with TrajectoryStore(run_dir) as store, Progress(
-                    "[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-                bar = progress.add_task("episodes", total=total)
-                async with Grader() as grader:
-                    async def one(task: Task, group_id: str, index: int) -> None:
-                        async with gate:
-                            t = await run_episode(task, policy, config=config, grader=grader,
-                                                  recorder=store, run_id=run_id,
-                                                  group_id=group_id, sample_index=index)
-                        done.append(t)
-                        counts = Counter(str(x.status) for x in done)
-                        progress.update(bar, advance=1, description=" ".join(
-                            f"{k} {v}" for k, v in sorted(counts.items())))
-
-                    groups = [(task, new_id()) for task in tasks]  # one group per task
-                    await asyncio.gather(*(one(task, group, i) for task, group in groups
-                                           for i in range(args.samples)))
-        finally:
-            closing = getattr(policy, "aclose", None) or getattr(policy, "close", None)
-            if closing is not None:
-                result = closing()
-                if inspect.isawaitable(result):
-                    await result
-        return done
-
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "rollout.json").write_text(json.dumps({
         "tasks": args.tasks, "policy": policy_config.model_dump(), "samples": args.samples,
-        "episode": config.model_dump()}, indent=2) + "\n")
-    trajectories = asyncio.run(main())
+        "oversample": args.oversample, "concurrency": args.concurrency,
+        "executor": args.executor, "episode": config.model_dump()}, indent=2) + "\n")
+    trajectories = asyncio.run(_scheduled(args, tasks, policy_config, config, Path(run_dir),
+                                          console))
     table = Table(title=f"{len(trajectories)} episodes in {run_dir}", title_justify="left")
     for col in ("status", "episodes", "mean reward", "mean steps"):
         table.add_column(col, justify="left" if col == "status" else "right")
@@ -128,6 +92,76 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     Console().print(table)
     print(f"query them: tempering traj stats {run_dir}")
     return 0
+
+
+async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config: Any,
+                     config: Any, run_dir: Path, console: Any) -> list[Trajectory]:
+    """Every group through the scheduler, with a live line of its metrics."""
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from tempering.agent.rollouts import run_rollouts
+    from tempering.policy.config import build_policy
+    from tempering.reward import Grader
+    from tempering.scheduler import JobResult, Resources, Scheduler, SchedulerConfig
+    from tempering.trajectory.store import TrajectoryStore
+
+    remote = args.executor == "ray"
+    executor: Any = None
+    capacity = Resources.of(sandbox=args.concurrency, inference=args.concurrency)
+    if remote:
+        from tempering.scheduler.ray import RayExecutor
+
+        executor = RayExecutor(address=args.ray_address,
+                               slots_per_worker=Resources.of(sandbox=args.concurrency,
+                                                             inference=args.concurrency))
+        capacity = Resources()  # the cluster's nodes say what there is
+    scheduler = Scheduler(capacity, executor=executor, config=SchedulerConfig(
+        deadlines=args.deadlines))
+    total = len(tasks) * (args.samples + args.oversample)
+    progress = Progress("[progress.description]{task.description}", BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+    bar = progress.add_task("episodes", total=total)
+    counts: Counter[str] = Counter()
+
+    def ended(result: JobResult) -> None:
+        value = result.value
+        counts[str(value.status) if value is not None and hasattr(value, "status")
+               else str(result.status)] += 1
+        progress.update(bar, advance=1, description=" ".join(
+            f"{k} {v}" for k, v in sorted(counts.items())))
+
+    def view() -> Table:
+        m = scheduler.metrics()
+        grid = Table.grid(padding=(0, 2))
+        grid.add_row(progress)
+        util = " ".join(f"{k} {v:.0%}" for k, v in sorted(m.utilisation.items()))
+        grid.add_row(f"[dim]queued {m.queued}  running {m.running}  paused {m.paused}  "
+                     f"utilisation {util or '-'}  run p50 {m.run_p50_s:.1f} s "
+                     f"p99 {m.run_p99_s:.1f} s  lost {m.lost}[/]")
+        return grid
+
+    policy = policy_config if remote else build_policy(policy_config)
+    try:
+        async with scheduler, Grader() as grader:
+            with TrajectoryStore(run_dir) as store, Live(view(), console=console,
+                                                          refresh_per_second=4) as live:
+                work = asyncio.ensure_future(run_rollouts(
+                    tasks, policy, scheduler=scheduler, samples=args.samples,
+                    oversample=args.oversample, config=config, grader=grader,
+                    recorder=str(run_dir) if remote else store, run_id=run_dir.name,
+                    remote=remote, on_result=ended))
+                while not work.done():
+                    await asyncio.wait([work], timeout=0.25)
+                    live.update(view())
+                return work.result()
+    finally:
+        closing = getattr(policy, "aclose", None) or getattr(policy, "close", None)
+        if closing is not None:
+            result = closing()
+            if inspect.isawaitable(result):
+                await result
 
 
 def add_rollout_command(commands: Any) -> None:
@@ -146,7 +180,19 @@ def add_rollout_command(commands: Any) -> None:
     rollout.add_argument("--samples", type=positive_int, default=1, metavar="N",
                          help="episodes per task, one group (default: 1)")
     rollout.add_argument("--concurrency", type=positive_int, default=8, metavar="C",
-                         help="episodes in flight at once (default: 8)")
+                         help="sandbox and inference slots: episodes in flight at once "
+                              "(default: 8; with --executor ray, per rollout node)")
+    rollout.add_argument("--oversample", type=int, default=0, metavar="K",
+                         help="start K extra episodes per task and keep the first --samples "
+                              "to finish; the rest are cancelled (default: 0)")
+    rollout.add_argument("--deadlines", action="store_true",
+                         help="cancel episodes that run far past their task family's learned "
+                              "duration (3x its p90)")
+    rollout.add_argument("--executor", choices=["asyncio", "ray"], default="asyncio",
+                         help="run episodes in this process (asyncio, default) or on the "
+                              "rollout nodes of a Ray cluster")
+    rollout.add_argument("--ray-address", metavar="ADDR",
+                         help="the Ray cluster to join (default: start one on this machine)")
     rollout.add_argument("--run-dir", type=Path, metavar="DIR",
                          help="where trajectories go (default: runs/rollout-<time>)")
     rollout.add_argument("--max-turns", type=positive_int, default=10, metavar="N",

@@ -103,12 +103,20 @@ async def _close(episode: Episode, sandbox: Sandbox) -> None:
         pass
 
 
-def _task(path: str) -> Task:
+def _task(ref: str) -> Task:
+    """A task from its directory, or a HumanEval task from its id (``HumanEval/12``)."""
+    if ref.startswith("HumanEval/"):
+        if "humaneval" not in _cache:
+            from tempering.tasks.humaneval import load_humaneval
+
+            _cache["humaneval"] = {t.id: t for t in load_humaneval()}
+        found: Task = _cache["humaneval"][ref]
+        return found
     from tempering.tasks import load_task
 
-    key = f"task:{Path(path).resolve()}"
+    key = f"task:{Path(ref).resolve()}"
     if key not in _cache:
-        _cache[key] = load_task(path)
+        _cache[key] = load_task(ref)
     task: Task = _cache[key]
     return task
 

@@ -8,7 +8,7 @@ the order they finished, once the group is complete (the rest having been cancel
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,10 @@ class JobHandle:
 
     async def result(self) -> JobResult:
         return await asyncio.shield(self._job.done)
+
+    def result_later(self, callback: Callable[[JobResult], None]) -> None:
+        """Call ``callback`` with the result when the job ends (for progress displays)."""
+        self._job.done.add_done_callback(lambda fut: callback(fut.result()))
 
     def __await__(self) -> Generator[Any, None, JobResult]:
         return self.result().__await__()
