@@ -11,12 +11,13 @@ them in this process on asyncio, ``ray.py`` on Ray actors across machines, with 
 
 from __future__ import annotations
 
+from tempering.scheduler.config import SchedulerConfig
 from tempering.scheduler.estimates import DurationEstimator, Estimate
 from tempering.scheduler.executor import AsyncioExecutor, Executor
 from tempering.scheduler.job import JobContext, JobResult, JobSpec, JobStatus, Paused
 from tempering.scheduler.metrics import SchedulerMetrics
 from tempering.scheduler.resources import Resources
-from tempering.scheduler.scheduler import Scheduler, SchedulerConfig
+from tempering.scheduler.scheduler import Scheduler
 from tempering.scheduler.tracking import GroupHandle, JobHandle
 
 __all__ = ["AsyncioExecutor", "DurationEstimator", "Estimate", "Executor", "GroupHandle",
