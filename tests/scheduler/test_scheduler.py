@@ -253,3 +253,14 @@ async def test_metrics_show_queues_utilisation_and_tails() -> None:
     assert final.finished == {"done": 8} and final.utilisation["sandbox"] > 0.8
     assert final.run_p50_s >= 0.04 and final.queue_wait_p99_s > 0.1
     assert final.placement_overhead_us < 1000
+
+
+async def test_capacity_that_drops_to_zero_admits_nothing() -> None:
+    probe = Probe()
+    async with Scheduler(Resources.of(sandbox=1)) as s:
+        s.set_capacity(Resources())  # the last worker left
+        waiting = await s.submit(JobSpec(probe.job("w")))
+        await asyncio.sleep(0.1)
+        assert waiting.status is JobStatus.QUEUED and probe.order == []
+        s.set_capacity(Resources.of(sandbox=1))  # a worker joined
+        assert (await waiting).status is JobStatus.DONE

@@ -49,6 +49,9 @@ class Scheduler:
         self.executor: Executor = executor or AsyncioExecutor()
         self.estimator = DurationEstimator(prior_s=self.config.prior_s)
         self.capacity = capacity or Resources()
+        self._limited = set(self.capacity)
+        """Every resource ever offered: one that drops to zero still limits (no workers left
+        means nothing runs, not everything runs)."""
         self.used = Resources()
         self.metrics_ = Metrics(time.monotonic())
         self._queues: dict[tuple[tuple[str, float], ...], list[tuple[int, int, Tracked]]] = {}
@@ -93,6 +96,7 @@ class Scheduler:
         """New total capacity (an executor reports nodes joining or leaving)."""
         self.metrics_.account(self.used, self.capacity)
         self.capacity = capacity
+        self._limited |= set(capacity)
         self._pump()
 
     # ---- submitting ----
@@ -169,7 +173,7 @@ class Scheduler:
         """Start the best queued jobs that fit, until none does."""
         t0 = time.perf_counter()
         placed = 0
-        limited = frozenset(self.capacity)
+        limited = frozenset(self._limited)
         free = self.capacity - self.used
         while True:
             best: tuple[int, int] | None = None
