@@ -30,7 +30,10 @@ class Resources(Mapping[str, float]):
         return cls(amounts)
 
     def __getitem__(self, name: str) -> float:
-        return self.amounts.get(name, 0.0)
+        return self.amounts.get(name, 0.0)  # an absent name is an amount of 0
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.amounts
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.amounts)
