@@ -33,6 +33,7 @@ room it held on the worker is free at once. Pauses are forwarded the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -98,8 +99,8 @@ class RayExecutor:
     def __init__(self, *, address: str | None = None, worker_resource: str = "rollout",
                  slots_per_worker: Resources = Resources.of(sandbox=8, cpu=2),
                  poll_s: float = 2.0, lease_s: float = 30.0, start_timeout_s: float = 120.0,
-                 max_concurrency: int = 1000, init_kwargs: Mapping[str, Any] | None = None
-                 ) -> None:
+                 max_concurrency: int = 1000, init_kwargs: Mapping[str, Any] | None = None,
+                 exit_grace_s: float = 10.0) -> None:
         if not slots_per_worker or any(v <= 0 for v in slots_per_worker.values()):
             raise ConfigError(f"slots_per_worker={slots_per_worker!r}: give each worker a "
                               "positive amount of something, e.g. Resources.of(sandbox=8)")
@@ -111,6 +112,8 @@ class RayExecutor:
         self.slots, self.poll_s, self.lease_s = slots_per_worker, poll_s, lease_s
         self.start_timeout_s, self.max_concurrency = start_timeout_s, max_concurrency
         self.init_kwargs = dict(init_kwargs or {})
+        self.exit_grace_s = exit_grace_s
+        """On close, how long workers get to exit cleanly (flushing their stores)."""
         self._workers: dict[str, _Worker] = {}  # by node id: one worker per node
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._paused_on: OrderedDict[str, _Worker] = OrderedDict()
@@ -164,6 +167,13 @@ class RayExecutor:
             if not worker.lost.done():
                 worker.lost.set_result(f"rollout worker {worker} was stopped: the executor "
                                        "closed")
+        # Ask the workers to exit (their atexit handlers run: stores flush what they
+        # buffered), then kill whatever has not exited in time.
+        exits = [w.handle.__ray_terminate__.remote() for w in self._workers.values()]
+        if exits:
+            await asyncio.wait([asyncio.ensure_future(_quiet(ref)) for ref in exits],
+                               timeout=self.exit_grace_s)
+        for worker in list(self._workers.values()):
             kill(worker.handle)
         self._workers.clear()
         self._notify()
@@ -349,3 +359,8 @@ class RayExecutor:
         self._report()
         self._notify()
         self._poke.set()  # a node still alive gets a fresh worker now, not at the next poll
+
+
+async def _quiet(ref: Any) -> None:
+    with contextlib.suppress(Exception):  # an actor that exited answers with an error
+        await ref

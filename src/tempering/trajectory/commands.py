@@ -86,9 +86,18 @@ def _add_query(group: Any) -> None:
     parser.set_defaults(func=_cmd_query)
 
 
+def _recover(run: Path) -> None:
+    """Bring in what dead writers acknowledged but never flushed (their journals), so a query
+    sees every acknowledged trajectory; live writers' journals are left alone."""
+    from tempering.trajectory.store import TrajectoryStore
+
+    TrajectoryStore(run).close()
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from tempering.trajectory.query import query
 
+    _recover(args.run)
     if args.limit < 0:
         raise ConfigError(f"--limit {args.limit}: give a number of rows, or 0 for all")
     limit = args.limit or None
@@ -151,6 +160,7 @@ def _add_stats(group: Any) -> None:
 def _cmd_stats(args: argparse.Namespace) -> int:
     from tempering.trajectory.query import stats
 
+    _recover(args.run)
     summary = stats(args.run, top=max(args.top, 0))
     if args.json:
         print(summary.model_dump_json(indent=2))

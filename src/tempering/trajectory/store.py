@@ -29,11 +29,14 @@ recovery runs at a time per run directory, under ``journal/.lock``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import functools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -109,6 +112,10 @@ class TrajectoryStore:
         self._begun: set[str] = set()
         self._closed = False
         self._pid = os.getpid()
+        # an interpreter that exits normally (a Ray worker told to stop, a script that forgot
+        # close()) writes its buffer as a part; a killed one leaves the journal to recovery
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
         if recover:
             self.recover()
 
@@ -178,11 +185,14 @@ class TrajectoryStore:
                 self._appended = None
 
     def close(self) -> None:
-        """Flush and stop; episodes begun and not appended stay journaled (recovered later)."""
+        """Flush and stop; episodes begun and not appended stay journaled (recovered later).
+
+        Also run at interpreter exit for a store that was never closed."""
         with self._lock:
             if not self._closed:
                 self.flush()
                 self._closed = True
+                atexit.unregister(self._at_exit)
 
     def __enter__(self) -> TrajectoryStore:
         return self
@@ -272,3 +282,10 @@ class TrajectoryStore:
     def _stored_ids(self) -> list[str]:
         return [tid for path in self.parts()
                 for tid in read_part(path, ["trajectory_id"]).column(0).to_pylist()]
+
+
+def _close_at_exit(ref: weakref.ref[TrajectoryStore]) -> None:
+    store = ref()
+    if store is not None and store._pid == os.getpid():  # noqa: SLF001 - not a forked copy
+        with contextlib.suppress(Exception):
+            store.close()
