@@ -16,6 +16,7 @@ import pytest
 
 from tempering.errors import ConfigError, QueueFullError
 from tempering.scheduler import (
+    DurationEstimator,
     JobContext,
     JobSpec,
     JobStatus,
@@ -124,7 +125,7 @@ async def test_deadlines_from_learned_estimates_cut_the_tail() -> None:
                                               deadline_s=5.0)))
         estimate = s.metrics().estimates["f"]
     assert "slow" not in probe.ended and other.status is JobStatus.DONE
-    assert estimate.samples == 8 and 0.015 < estimate.p50_s < 0.5
+    assert estimate.samples == 9 and 0.015 < estimate.p50_s < 0.5  # the cut one counts too
 
 
 async def test_over_sampling_keeps_the_first_n_and_cancels_the_rest() -> None:
@@ -264,3 +265,17 @@ async def test_capacity_that_drops_to_zero_admits_nothing() -> None:
         assert waiting.status is JobStatus.QUEUED and probe.order == []
         s.set_capacity(Resources.of(sandbox=1))  # a worker joined
         assert (await waiting).status is JobStatus.DONE
+
+
+def test_estimates_count_what_was_cut_short_as_lasting_at_least_that_long() -> None:
+    estimator = DurationEstimator(min_samples=1)
+    for _ in range(10):
+        estimator.observe("f", 1.0)
+        estimator.observe("f", 2.0, censored=True)  # cut at 2 s: would have taken longer
+    # the finished ones alone say p90 = 1 s; half the jobs ran past 2 s, so p90 is beyond it
+    assert estimator.quantile("f", 0.3) == 1.0
+    assert estimator.quantile("f", 0.9) == 2.0
+    plain = DurationEstimator(min_samples=1)
+    for value in range(1, 11):
+        plain.observe("g", float(value))
+    assert plain.quantile("g", 0.5) == 6.0 and plain.estimate("g").samples == 10

@@ -58,9 +58,9 @@ class Scheduler:
         self._queued = 0
         self._running: dict[str, Tracked] = {}
         self._paused: dict[str, Tracked] = {}
-        self._groups: dict[str, GroupState] = {}
         self._seq = itertools.count()
-        self._space = asyncio.Condition()
+        self._room = asyncio.Event()  # set while fewer than max_queued wait
+        self._room.set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -103,8 +103,7 @@ class Scheduler:
 
     async def submit(self, spec: JobSpec) -> JobHandle:
         """Queue ``spec``; waits while ``max_queued`` jobs are already waiting."""
-        async with self._space:
-            await self._space.wait_for(lambda: self._queued < self.config.max_queued)
+        await self._wait_for_room()
         return self.submit_nowait(spec)
 
     def submit_nowait(self, spec: JobSpec, group: GroupState | None = None) -> JobHandle:
@@ -130,11 +129,9 @@ class Scheduler:
             raise ConfigError(f"keep={keep} must be between 1 and the group's {len(specs)} jobs")
         name = group or f"group-{next(self._seq)}"
         state = GroupState(name, keep)
-        self._groups[name] = state
         handles = []
         for spec in specs:
-            async with self._space:
-                await self._space.wait_for(lambda: self._queued < self.config.max_queued)
+            await self._wait_for_room()
             handles.append(self.submit_nowait(spec, state))
         return GroupHandle(self, state, handles)
 
@@ -174,7 +171,7 @@ class Scheduler:
         t0 = time.perf_counter()
         placed = 0
         limited = frozenset(self._limited)
-        free = self.capacity - self.used
+        free = dict(self.capacity - self.used)  # updated in place as jobs are placed
         while True:
             best: tuple[int, int] | None = None
             best_key = None
@@ -189,8 +186,9 @@ class Scheduler:
                 break
             _, _, job = heapq.heappop(self._queues[best_key])
             self._queued -= 1
+            for name, amount in job.demand_now().items():
+                free[name] = free.get(name, 0.0) - amount
             self._start(job)
-            free = self.capacity - self.used
             placed += 1
         if placed:
             self.metrics_.placed(placed, time.perf_counter() - t0)
@@ -326,6 +324,8 @@ class Scheduler:
         if job.task is not None and not job.task.done():
             job.task.cancel()
         job.run_s += time.monotonic() - job.started_at
+        if job.run_s > 0:  # it would have run at least this long: evidence for the estimate
+            self.estimator.observe(job.spec.family, job.run_s, censored=True)
         self._release(job)
         self._finish(job, status, error=why)
         self._pump()
@@ -350,8 +350,12 @@ class Scheduler:
         self.metrics_.finished(job.spec.family, result)
         if not job.done.done():
             job.done.set_result(result)
+        job.task = job.ctx = None  # a finished job keeps no task, frame or context alive
         if job.group is not None:
             self._group_progress(job.group, job, status)
+            job.group.ended += 1
+            if job.group.ended == len(job.group.members):
+                job.group.members.clear()  # break the group <-> job cycle: freed at once
         self._wake_producers()
 
     def _group_progress(self, group: GroupState, job: Tracked, status: JobStatus) -> None:
@@ -373,12 +377,13 @@ class Scheduler:
                     self._enqueue(other, other.priority + self.config.group_boost)
 
     def _wake_producers(self) -> None:
-        async def notify() -> None:
-            async with self._space:
-                self._space.notify_all()
+        if self._queued < self.config.max_queued:
+            self._room.set()
 
-        if self._space._waiters:  # noqa: SLF001 - only when a producer waits
-            asyncio.get_running_loop().create_task(notify())
+    async def _wait_for_room(self) -> None:
+        while self._queued >= self.config.max_queued:
+            self._room.clear()
+            await self._room.wait()
 
     # ---- visibility ----
 

@@ -63,6 +63,7 @@ class GroupState:
     keep: int
     members: list[Tracked] = field(default_factory=list)
     completed: int = 0
+    ended: int = 0
     closed: bool = False
     boosted: bool = False
 
