@@ -26,10 +26,11 @@ The tempering side of ``tail`` (``Tuning``), each knob a real scheduler option, 
   within 1.3x of p50 needs that under 1% of batches, so k=4; it costs the wasted figure.
 - ``SchedulerConfig(deadlines=True, deadline_quantile=0.9, deadline_factor=5.0,
   min_deadline_s=0.005)``: an episode may run 5x its family's learned p90 (the 1 s default
-  floor would disable deadlines for millisecond episodes). 5, not the default 3, because the
-  learned quantiles are biased low (only completed episodes are observed, and over-sampling
-  cancels the slowest of every group: the learned p90 comes out at 55-75% of the true one),
-  and at 3 the deadlines cut ordinary episodes, which is what forces top-ups.
+  floor would disable deadlines for millisecond episodes). 5, not the default 3: tuned while
+  the learned quantiles counted completed episodes only (over-sampling cancels the slowest of
+  every group, so the learned p90 came out at 55-75% of the true one and deadlines at 3 cut
+  ordinary episodes); cut-short episodes are now censored observations, which removes that
+  bias, and 5 is kept as the measured setting.
 - 2 batches in flight: the next batch is queued while one drains, so its episodes take the
   slots the last groups of the previous batch leave (1 in flight: utilisation about 70%; 3:
   p50 half as long again). A batch's time runs from its first submission, so it includes
