@@ -480,3 +480,60 @@ async def test_an_executor_that_started_ray_shuts_it_down_and_one_that_joined_do
         rollout_nodes()
     await owner.close()
     assert not ray.is_initialized()
+
+
+# ---- the scheduler's own behaviour, on Ray as on asyncio ---------------------------------
+
+async def stamp(ctx: JobContext, *, name: str, seconds: float) -> tuple[str, float]:
+    """Say when it started (the driver and the workers share this machine's clock)."""
+    started = time.time()
+    await asyncio.sleep(seconds)
+    return name, started
+
+
+def _stamp(name: str, seconds: float = 0.05, **spec: Any) -> JobSpec:
+    return JobSpec(functools.partial(stamp, name=name, seconds=seconds), **spec)
+
+
+async def test_scheduler_priorities_and_backfill_on_ray(ray_up: Cluster) -> None:
+    two = Resources.of(sandbox=2)
+    executor = RayExecutor(slots_per_worker=two, poll_s=0.3)
+    async with Scheduler(executor=executor) as s:
+        blocker = await s.submit(_stamp("blocker", 0.5, demand=two))
+        low = await s.submit(_stamp("low", priority=0))
+        high = await s.submit(_stamp("high", priority=5))
+        big = await s.submit(_stamp("big", demand=two, priority=9))
+        results = [await h for h in (blocker, low, high, big)]
+        order = [name for name, _ in sorted((r.value for r in results), key=lambda v: v[1])]
+        assert order == ["blocker", "big", "high", "low"]
+        half = await s.submit(_stamp("half", 0.5))
+        big2 = await s.submit(_stamp("big2", demand=two, priority=9))
+        small = await s.submit(_stamp("small"))
+        results = [await h for h in (half, big2, small)]
+    order = [name for name, _ in sorted((r.value for r in results), key=lambda v: v[1])]
+    assert order == ["half", "small", "big2"]  # big2 waits for room, small backfills
+
+
+async def test_scheduler_back_pressure_deadlines_and_over_sampling_on_ray(
+        ray_up: Cluster, tmp_path: Path) -> None:
+    executor = RayExecutor(slots_per_worker=Resources.of(sandbox=2), poll_s=0.3)
+    async with Scheduler(executor=executor, config=SchedulerConfig(max_queued=1)) as s:
+        running = [await s.submit(_stamp(f"r{i}", 0.5)) for i in range(2)]
+        await s.submit(_stamp("queued"))
+        t0 = time.monotonic()
+        waited = await s.submit(_stamp("waited"))  # back-pressure: waits for room
+        assert time.monotonic() - t0 > 0.2 and running[0].status is JobStatus.DONE
+        assert (await waited).status is JobStatus.DONE
+        ran_over = tmp_path / "ran-over"
+        cut = await s.submit(JobSpec(functools.partial(
+            sleep_then_write, started=str(tmp_path / "cut-started"), path=str(ran_over),
+            seconds=30.0), deadline_s=1.0))
+        group = await s.submit_group(
+            [_stamp("fast1", 0.05), _stamp("fast2", 0.05),
+             JobSpec(functools.partial(sleep_then_write, started=str(tmp_path / "slow"),
+                                       path=str(ran_over), seconds=30.0))], keep=2)
+        kept = await group
+        assert sorted(r.value[0] for r in kept) == ["fast1", "fast2"]
+        assert (await cut).status is JobStatus.TIMED_OUT
+        await asyncio.sleep(0.5)
+    assert not ran_over.exists()  # the cut and the over-sampled jobs stopped on the worker
