@@ -131,6 +131,15 @@ async def test_filters_drop_infra_and_flat_groups_and_give_admission_back() -> N
     assert [t.sample_index for t in batch.groups[0]] == [0, 1]  # the infra member is gone
 
 
+async def test_identical_samples_of_a_group_all_reach_the_learner() -> None:
+    # GRPO's baseline must see every sample: the buffer's default filters do not deduplicate
+    buf = ReplayBuffer(batch_groups=1, max_staleness=0)
+    buf.try_admit()
+    same = [traj("g", 0, 1.0), traj("g", 0, 1.0), traj("g", 1, 0.0)]
+    assert buf.put(same, version_started=0) == "buffered"
+    assert (await buf.get()).samples == 3
+
+
 async def test_a_plain_filter_or_no_filtering() -> None:
     class KeepFirst:
         name = "keep_first"

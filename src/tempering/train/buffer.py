@@ -16,9 +16,11 @@ Two guards keep samples fresh (AReaL, Fu et al. 2025):
   versions old is refused at ``put``, purged when ``set_version`` moves on, and checked once
   more at ``get``: the learner never sees one.
 
-A group that is dropped (filtered to nothing, stale) or abandoned (``cancel_admission``) gives its
-admission back, so another may start in its place. ``started`` is never a counter that can drift:
-it is ``in_flight + buffered + consumed``.
+Filters run on each group at ``put``, before anything can reach the learner (by default the
+trajectory pipeline without ``Dedup``: ``group_pipeline``). A group that is dropped (filtered to
+nothing: all infra failures, zero variance; or stale) or abandoned (``cancel_admission``) gives
+its admission back, so another may start in its place. ``started`` is never a counter that can
+drift: it is ``in_flight + buffered + consumed``.
 
 A sample's version is the *oldest* ``weights_version`` among its steps with sampled tokens (a
 rollout may pick up new weights between turns; the oldest token bounds the importance ratio),
@@ -43,12 +45,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tempering.errors import ConfigError
-from tempering.trajectory.filters import Filter, Pipeline, default_pipeline
+from tempering.trajectory.filters import Filter, FilterOptions, Pipeline, build_pipeline
 from tempering.trajectory.schema import Trajectory
 
 PutOutcome = Literal["buffered", "filtered", "stale"]
 DROP_REASONS = ("filtered", "stale", "cancelled")
 STATE_FORMAT: Literal[1] = 1
+
+
+def group_pipeline() -> Pipeline:
+    """The default pipeline without ``Dedup``: identical samples of one group are how the
+    policy's probability mass shows up, and GRPO's baseline must see each of them."""
+    return build_pipeline(FilterOptions(keep_duplicates=True))
 
 
 def sample_version(traj: Trajectory, version_started: int) -> int:
@@ -159,8 +167,8 @@ class ReplayBuffer:
 
     ``batch_groups`` must be the number of groups the learner consumes per version (one
     ``get()`` per published version); the admission bound is only meaningful then. ``filters``
-    default to ``default_pipeline()``; pass ``Pipeline([])`` to keep everything. The filters see
-    one group at a time, so batch-wide rules (``Dedup``) act within a group.
+    see one group at a time and default to ``group_pipeline()`` (infra failures, tampering,
+    zero-variance groups dropped; no dedup); pass ``Pipeline([])`` to keep everything.
     ``max_size_groups`` additionally caps groups in flight + buffered (memory), below what
     staleness alone allows.
     """
@@ -179,7 +187,7 @@ class ReplayBuffer:
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.max_size_groups = max_size_groups
-        f = default_pipeline() if filters is None else filters
+        f = group_pipeline() if filters is None else filters
         self.filters: Pipeline = f if isinstance(f, Pipeline) else Pipeline([f])
         self._version = 0
         self._heap: list[tuple[int, int, _Entry]] = []  # (group version, seq, entry)
@@ -309,8 +317,8 @@ class ReplayBuffer:
         if self._in_flight < 1:
             raise ValueError("put() without an admission in flight: call admit() (or "
                              "try_admit()) before starting each rollout group")
+        kept, report = self.filters.run(group)  # a filter that raises leaves it in flight
         self._in_flight -= 1
-        kept, report = self.filters.run(group)
         for stats in report.filters:
             self._filtered_samples.update(stats.reasons)
         outcome: PutOutcome = "buffered"
@@ -434,4 +442,5 @@ class ReplayBuffer:
         self._purge_stale()
 
 
-__all__ = ["Batch", "BufferStats", "PutOutcome", "ReplayBuffer", "sample_version"]
+__all__ = ["Batch", "BufferStats", "PutOutcome", "ReplayBuffer", "group_pipeline",
+           "sample_version"]
