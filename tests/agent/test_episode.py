@@ -294,3 +294,17 @@ async def test_harness_out_of_memory_is_an_infra_error(task, grader, store) -> N
     assert traj.status == Status.INFRA_ERROR and traj.error
     assert traj.error.startswith("MemoryError") and len(traj.steps) == 1
     assert_stored(store, traj)
+
+
+async def test_a_smaller_tool_set_is_all_the_model_is_offered(task, grader) -> None:
+    config = EpisodeConfig(tools=["read_file", "submit"])
+    traj = await run_episode(task, ScriptedPolicy([("bash", {"command": "ls"}),
+                                                   ("read_file", {"path": "stats.py"})]),
+                             grader=grader, config=config)
+    assert [t["function"]["name"] for t in json.loads(traj.tools)] == ["read_file", "submit"]
+    assert "unknown tool 'bash'" in traj.steps[0].observation
+    assert "def median" in traj.steps[1].observation
+    with pytest.raises(ValueError, match="must include submit"):
+        EpisodeConfig(tools=["bash"])
+    with pytest.raises(ValueError, match="unknown tool"):
+        EpisodeConfig(tools=["submit", "teleport"])

@@ -20,9 +20,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tempering.agent.tools import TOOLS, Observation, ToolBox
+from tempering.agent.tools import TOOL_NAMES, Observation, ToolBox, tools_named
 from tempering.errors import SandboxTimeoutError, TemperingError
 from tempering.policy.base import GenerateRequest, Generation, Message, Policy, SamplingParams
 from tempering.reward.result import RewardResult
@@ -69,6 +69,22 @@ class EpisodeConfig(BaseModel):
     sampling: SamplingParams = SamplingParams()
     """Sampling parameters; a seed is varied per sample and turn, never reused."""
     system_prompt: str = SYSTEM_PROMPT
+    tools: list[str] | None = None
+    """Names of the tools offered (``submit`` among them); None offers all. A smaller set
+    makes a shorter prompt, which matters for small models."""
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        unknown = sorted(set(names) - TOOL_NAMES)
+        if unknown:
+            raise ValueError(f"unknown tool(s) {', '.join(unknown)}; the tools are "
+                             f"{', '.join(sorted(TOOL_NAMES))}")
+        if "submit" not in names:
+            raise ValueError("the tools must include submit, or no episode could end by it")
+        return names
 
 
 class Recorder(Protocol):
@@ -104,9 +120,11 @@ class Episode:
         self.trajectory_id = trajectory_id or new_id()
         self.parent_id: str | None = None
         self.branch_step: int | None = None
+        self.tool_specs = tools_named(self.config.tools)
         self.tools = None if sandbox is None else ToolBox(
             sandbox, observation_limit=self.config.observation_limit,
-            env_grace_s=self.config.env_grace_s)
+            env_grace_s=self.config.env_grace_s,
+            allowed=frozenset(t["function"]["name"] for t in self.tool_specs))
         self.messages = [Message(role="system", content=self.config.system_prompt),
                          Message(role="user", content=task.instruction)]
         self.steps: list[Step] = []
@@ -150,7 +168,7 @@ class Episode:
         if remaining <= 0:
             return Ending(Status.MODEL_TIMEOUT, "wall_time")
         request = GenerateRequest(
-            messages=list(self.messages), tools=TOOLS, sampling=self._sampling(turn),
+            messages=list(self.messages), tools=self.tool_specs, sampling=self._sampling(turn),
             prefix_token_ids=self.prefix_ids, prefix_messages=self.prefix_messages,
             episode_id=self.trajectory_id)
         t0 = time.perf_counter()
@@ -260,7 +278,7 @@ class Episode:
             group_id=self.group_id, sample_index=self.sample_index, parent_id=self.parent_id,
             branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
             system_prompt=self.config.system_prompt, instruction=self.task.instruction,
-            tools=json.dumps(TOOLS), steps=self.steps, status=ending.status,
+            tools=json.dumps(self.tool_specs), steps=self.steps, status=ending.status,
             finish_reason=ending.reason, error=ending.error, reward=reward,
             started_at=self.started_at, duration_s=time.time() - self.started_at,
             grade_s=grade_s)
@@ -284,7 +302,7 @@ class Episode:
             sample_index=self.sample_index, parent_id=self.parent_id,
             branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
             system_prompt=self.config.system_prompt, instruction=self.task.instruction,
-            tools=json.dumps(TOOLS), started_at=self.started_at)
+            tools=json.dumps(self.tool_specs), started_at=self.started_at)
 
 
 def _describe(exc: BaseException) -> str:

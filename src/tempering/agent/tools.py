@@ -45,6 +45,11 @@ TOOLS: list[dict[str, Any]] = [
           "answer).", {}, []),
 ]
 TOOL_NAMES = frozenset(t["function"]["name"] for t in TOOLS)
+
+
+def tools_named(names: list[str] | None) -> list[dict[str, Any]]:
+    """The tools offered: those named (in ``TOOLS`` order), or all of them."""
+    return TOOLS if names is None else [t for t in TOOLS if t["function"]["name"] in names]
 _ARGS: dict[str, tuple[str, ...]] = {t["function"]["name"]: tuple(
     t["function"]["parameters"]["required"]) for t in TOOLS}
 
@@ -80,8 +85,9 @@ class ToolBox:
     without an answer beyond its own timeout before the sandbox counts as not answering."""
 
     def __init__(self, sandbox: Sandbox, *, observation_limit: int = 4000,
-                 env_grace_s: float = 30.0) -> None:
+                 env_grace_s: float = 30.0, allowed: frozenset[str] = TOOL_NAMES) -> None:
         self.sandbox = sandbox
+        self.allowed = allowed
         self.observation_limit = observation_limit
         self.env_grace_s = env_grace_s
         self._shell: ShellSession | None = None
@@ -94,9 +100,9 @@ class ToolBox:
 
     async def execute(self, call: ToolCall, *, timeout: float) -> Observation:
         """Run one call; raises only for failures of the sandbox (``SandboxError``)."""
-        if call.name not in TOOL_NAMES:
+        if call.name not in self.allowed:
             return _error(f"unknown tool {call.name!r}; the tools are "
-                          f"{', '.join(sorted(TOOL_NAMES))}")
+                          f"{', '.join(sorted(self.allowed))}")
         try:
             args = json.loads(call.arguments or "{}")
         except json.JSONDecodeError as exc:
