@@ -1,0 +1,149 @@
+"""From graded trajectories to what the learner trains on: advantages and token samples.
+
+``group_advantages`` is GRPO's critic-free baseline (Shao et al. 2024): each trajectory's reward
+relative to the other samples of its group (same task, same prompt),
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
+
+or, with ``normalise_std=False``, Dr. GRPO's unnormalised ``r_i - mean(r_group)`` (Liu et al.
+2025), which does not up-weight groups whose rewards barely differ. The std is the sample
+standard deviation (n - 1), as verl and TRL compute it. A group of one, or of equal rewards, has
+advantage 0 for all: it carries no learning signal.
+
+``samples_from`` turns each trajectory into ``Sample``s: token ids, loss mask, the behaviour
+policy's log-probs and weights version per token, and the trajectory's advantage on every
+trained token. A multi-turn episode whose prompts extend each other token for token (what the
+local engine and ``tempering serve`` produce) is one sample: ``Trajectory.sequence()``, tool
+observations masked. An episode whose prompts were re-rendered (``sequence()`` is None) becomes
+one sample per turn, the turn's full prompt (``prompt_ids(i)``, masked) then its completion:
+the same tokens the policy saw, at the cost of encoding shared prefixes once per turn.
+
+A token whose step recorded no log-probs (an engine that returns none) gets NaN as its behaviour
+log-prob; the learner then uses π_prox for it (importance weight 1: no staleness correction).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tempering.trajectory.schema import Step, Trajectory
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence; every per-token field has one entry per token of ``ids``."""
+
+    ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    """1 on tokens the policy sampled (trained on), 0 on prompts and tool observations."""
+    logprobs: tuple[float, ...]
+    """The behaviour policy's log-prob of each token as sampled (0 where masked, NaN where the
+    engine recorded none)."""
+    versions: tuple[int, ...]
+    """The weights version that sampled each token (-1 where masked)."""
+    advantage: float
+    trajectory_id: str = ""
+    group_id: str = ""
+    reward: float | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        lengths = {"loss_mask": len(self.loss_mask), "logprobs": len(self.logprobs),
+                   "versions": len(self.versions)}
+        wrong = {k: v for k, v in lengths.items() if v != n}
+        if wrong:
+            raise ValueError(f"sample {self.trajectory_id!r} has {n} ids but {wrong}: every "
+                             "per-token field needs one entry per token")
+        if n < 2:
+            raise ValueError(f"sample {self.trajectory_id!r} has {n} token(s); a causal LM "
+                             "predicts nothing from fewer than 2")
+        if self.loss_mask[0]:
+            raise ValueError(f"sample {self.trajectory_id!r} trains on its first token, which "
+                             "no prefix predicts; it must be a prompt token (mask 0)")
+        if not math.isfinite(self.advantage):
+            raise ValueError(f"sample {self.trajectory_id!r} has advantage {self.advantage}")
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens are trained on."""
+        return sum(self.loss_mask)
+
+    @property
+    def version(self) -> int:
+        """The oldest weights version among the trained tokens (what bounds its staleness)."""
+        return min((v for v, m in zip(self.versions, self.loss_mask, strict=True) if m),
+                   default=-1)
+
+
+def group_advantages(trajectories: Iterable[Trajectory], *, normalise_std: bool = True,
+                     eps: float = 1e-6) -> dict[str, float]:
+    """Each graded trajectory's advantage relative to its group, by ``trajectory_id``.
+
+    Trajectories without a reward (not graded) are left out and do not count in their group's
+    mean. A trajectory with an empty ``group_id`` is a group of its own (advantage 0).
+    """
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for traj in trajectories:
+        reward = traj.reward_value
+        if reward is not None:
+            key = traj.group_id or f"\0{traj.trajectory_id}"  # cannot collide with a group id
+            groups.setdefault(key, []).append((traj.trajectory_id, reward))
+    advantages: dict[str, float] = {}
+    for members in groups.values():
+        rewards = [r for _, r in members]
+        if len(rewards) < 2:
+            advantages.update((tid, 0.0) for tid, _ in members)
+            continue
+        mean = statistics.fmean(rewards)
+        scale = statistics.stdev(rewards) + eps if normalise_std else 1.0
+        advantages.update((tid, (r - mean) / scale) for tid, r in members)
+    return advantages
+
+
+def samples_from(trajectories: Iterable[Trajectory], *,
+                 advantages: Mapping[str, float]) -> list[Sample]:
+    """The training samples of every trajectory that has an advantage.
+
+    Trajectories missing from ``advantages`` (ungraded ones, by ``group_advantages``) are
+    skipped, and so are samples with no trained token: they would add nothing to the loss.
+    """
+    samples: list[Sample] = []
+    for traj in trajectories:
+        if traj.trajectory_id not in advantages:
+            continue
+        advantage = float(advantages[traj.trajectory_id])
+
+        def sample(ids: list[int], mask: list[int], logprobs: list[float],
+                   versions: list[int], traj: Trajectory = traj,
+                   advantage: float = advantage) -> Sample:
+            return Sample(tuple(ids), tuple(mask), tuple(logprobs), tuple(versions), advantage,
+                          traj.trajectory_id, traj.group_id, traj.reward_value)
+
+        seq = traj.sequence()
+        if seq is not None:
+            ids, mask, _, versions = seq
+            # sequence() writes 0.0 where a step recorded no log-probs; NaN says "unknown".
+            logprobs = [lp for step in traj.steps if step.completion_token_ids
+                        or step.prompt_token_ids
+                        for lp in [0.0] * len(step.prompt_token_ids) + _behaviour(step)]
+            found = [sample(ids, mask, logprobs, versions)]
+        else:
+            found = []
+            for i, step in enumerate(traj.steps):
+                n = len(step.completion_token_ids)
+                if n:
+                    prompt = traj.prompt_ids(i)
+                    found.append(sample(prompt + step.completion_token_ids,
+                                        [0] * len(prompt) + (step.loss_mask or [1] * n),
+                                        [0.0] * len(prompt) + _behaviour(step),
+                                        [-1] * len(prompt) + [step.weights_version] * n))
+        samples.extend(s for s in found if s.tokens)
+    return samples
+
+
+def _behaviour(step: Step) -> list[float]:
+    """The completion's behaviour log-probs as recorded, NaN for each token if none were."""
+    return step.logprobs or [math.nan] * len(step.completion_token_ids)

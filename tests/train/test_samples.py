@@ -1,0 +1,72 @@
+"""Group-relative advantages and trajectories turned into token samples."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from tempering.reward.result import RewardResult
+from tempering.train.samples import Sample, group_advantages, samples_from
+from tempering.trajectory.schema import Step, Trajectory
+
+
+def graded(reward: float | None, group: str = "g", **kw: object) -> Trajectory:
+    result = None if reward is None else RewardResult(
+        reward=reward, components={}, tests_passed=0, tests_total=0, flags=[])
+    return Trajectory(task_id="t", group_id=group, reward=result, **kw)  # type: ignore[arg-type]
+
+
+def test_group_advantages_grpo_and_dr_grpo() -> None:
+    group = [graded(r) for r in (1.0, 0.0, 0.5, 0.5)]
+    others = [graded(0.3, "h"), graded(0.3, "h"), graded(0.9, "alone"), graded(None, "h"),
+              graded(0.2, ""), graded(0.8, "")]
+    adv = group_advantages(group + others)
+    std = statistics.stdev([1.0, 0.0, 0.5, 0.5])  # n - 1, as verl and TRL
+    assert [adv[t.trajectory_id] for t in group] == pytest.approx(
+        [0.5 / std, -0.5 / std, 0.0, 0.0], rel=1e-5)
+    # Equal rewards, a group of one, ungraded ones and ungrouped ones carry no signal.
+    assert [adv[t.trajectory_id] for t in others if t.reward] == [0.0] * 5
+    assert others[3].trajectory_id not in adv
+    plain = group_advantages(group, normalise_std=False)
+    assert [plain[t.trajectory_id] for t in group] == pytest.approx([0.5, -0.5, 0.0, 0.0])
+
+
+def test_one_sample_per_episode_with_observations_masked() -> None:
+    steps = [Step(index=0, prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5],
+                  logprobs=[-0.1, -0.2], weights_version=3),
+             Step(index=1, prompt_reused=5, prompt_token_ids=[6, 7],
+                  completion_token_ids=[8, 9, 10], logprobs=[], loss_mask=[1, 0, 1],
+                  weights_version=4)]
+    traj = graded(1.0, steps=steps)
+    (s,) = samples_from([traj, graded(0.0)], advantages={traj.trajectory_id: 0.5})
+    assert s.ids == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    assert s.loss_mask == (0, 0, 0, 1, 1, 0, 0, 1, 0, 1)
+    assert s.logprobs[:7] == (0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0)
+    assert all(math.isnan(x) for x in s.logprobs[7:])  # not recorded: unknown, not 0
+    assert s.versions == (-1, -1, -1, 3, 3, -1, -1, 4, 4, 4)
+    assert (s.advantage, s.reward, s.tokens, s.version) == (0.5, 1.0, 4, 3)
+
+
+def test_re_rendered_prompts_give_one_sample_per_turn() -> None:
+    steps = [Step(index=0, prompt_token_ids=[1, 2], completion_token_ids=[3],
+                  logprobs=[-0.5], weights_version=1),
+             Step(index=1, prompt_token_ids=[1, 2, 3, 9], completion_token_ids=[4, 5],
+                  logprobs=[-0.3, -0.4], weights_version=2)]  # prompt_reused=0: re-rendered
+    traj = graded(0.0, steps=steps)
+    assert traj.sequence() is None
+    first, second = samples_from([traj], advantages={traj.trajectory_id: -1.0})
+    assert (first.ids, first.loss_mask, first.logprobs) == ((1, 2, 3), (0, 0, 1),
+                                                            (0.0, 0.0, -0.5))
+    assert second.ids == (1, 2, 3, 9, 4, 5) and second.loss_mask == (0, 0, 0, 0, 1, 1)
+    assert second.versions == (-1, -1, -1, -1, 2, 2) and second.advantage == -1.0
+
+
+def test_bad_samples_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=r"3 ids but \{'logprobs': 2\}"):
+        Sample((1, 2, 3), (0, 1, 1), (0.0, -1.0), (-1, 0, 0), 1.0, "t1")
+    with pytest.raises(ValueError, match="first token"):
+        Sample((1, 2), (1, 1), (0.0, 0.0), (0, 0), 1.0)
+    with pytest.raises(ValueError, match="advantage nan"):
+        Sample((1, 2), (0, 1), (0.0, 0.0), (0, 0), math.nan)
