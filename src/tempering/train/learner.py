@@ -1,0 +1,458 @@
+"""The learner: a transformers causal LM trained by group-relative, decoupled PPO.
+
+``Learner.step(samples)`` is one policy update and one new weights version:
+
+1. π_prox, the weights before this update, gives each trained token's log-prob. With one
+   optimizer step per update (``mini_batches=1``) the forward pass that takes the gradient runs
+   at π_prox, so its detached log-probs are π_prox's and no extra pass is needed; with several
+   mini-batches they are computed first, without gradient, for the whole batch.
+2. Each mini-batch is cut into micro-batches packed up to ``micro_batch_tokens`` (padded tokens:
+   rows x longest row; longest samples first so rows of one micro-batch have similar lengths),
+   right-padded with an attention mask. Each micro-batch's loss is divided by the whole
+   mini-batch's token (or sequence) count, so the accumulated gradient is that of one big batch.
+3. ``decoupled_ppo_loss`` (+ ``kl_coef`` x ``kl_k3`` to a frozen reference), backward, clip the
+   gradient norm, one AdamW step. ``version`` goes up by one per ``step``.
+
+Weights and optimizer state stay in float32 (``dtype="bfloat16"`` autocasts the forward pass
+only): an update of lr 1e-6 is below bfloat16's resolution for most weights and would vanish.
+Dropout stays off (eval mode) so the learner's log-probs equal the engine's: the importance
+weight of an on-policy sample is then exactly 1.
+
+Publishing: ``state_dict()`` returns views of the live parameters, no copy. ``publish(engine)``
+hands them to ``engine.update_weights``, which for ``LocalEngine`` copies them into the engine's
+own tensors before returning; after that nothing is shared and the learner may keep training.
+So ``step`` must not run while ``publish`` does (call them from one thread, or await the
+``asyncio.to_thread(learner.publish, engine)`` before the next step).
+
+Checkpoints (``save``/``load``): a save_pretrained directory (weights, config, the base model's
+tokenizer files, so an engine can load it) plus ``optimizer.pt`` and ``learner.json`` (version,
+config). ``save`` writes a temporary sibling and renames it into place; an existing checkpoint
+is first renamed to ``.<name>.old``, which ``load`` takes back if a kill fell between the two
+renames. A process killed with ``kill -9`` at any moment leaves a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tempering.errors import ConfigError
+from tempering.train.samples import Sample, group_advantages, samples_from
+from tempering.trajectory.schema import Trajectory
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean"]
+STATE_FILE = "learner.json"
+OPTIMIZER_FILE = "optimizer.pt"
+_TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template*", "vocab.*", "merges.txt", "*.model", "*.tiktoken")
+
+
+class LearnerConfig(BaseModel):
+    """The learner's optimiser and objective."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate. 1e-6 suits pretrained LMs of 0.5B parameters and up (verl's and
+    AReaL's defaults); a tiny randomly initialised model (``policy.tiny``) needs about 1e-3."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (beta1, beta2), each in [0, 1)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW's decoupled weight decay, on every parameter. 0: RL fine-tuning is short and should
+    not pull weights towards zero."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this (None: no clipping, the norm is still reported)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO's clip: the ratio π_θ/π_prox is kept within [1 - clip_eps, 1 + clip_eps_high]."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip (DAPO's clip-higher, e.g. 0.28); None: the same as ``clip_eps``."""
+    is_cap: float | None = Field(default=2.0, ge=1)
+    """Truncate the behaviour importance weight π_prox/π_behav at this (None: no cap)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial model; 0 loads no reference model."""
+    temperature: float = Field(default=1.0, gt=0)
+    """The sampling temperature: log-probs are of softmax(logits / temperature), as the engine
+    recorded them. Use 1.0 for greedy samples (the engine records untempered log-probs)."""
+    micro_batch_tokens: int = Field(default=8192, ge=1)
+    """Padded tokens per forward pass (gradient accumulation beyond); a longer sample goes
+    alone. Bounds activation memory, not the result."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer steps per ``step`` (the batch split in this many); clipping only bites from the
+    second on, against π_prox computed before the first."""
+    loss_agg: LossAgg = "token-mean"
+    """``token-mean`` over every trained token of the batch, or ``seq-mean-token-mean``."""
+    normalise_std: bool = True
+    """``make_samples``: divide advantages by the group's std (GRPO) or not (Dr. GRPO)."""
+    device: str = "cpu"
+    """Torch device for the model and optimizer: ``cpu``, ``cuda``, ``cuda:1``."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the forward pass (autocast); weights and optimizer stay float32."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas {betas} must each be in [0, 1)")
+        return betas
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one ``Learner.step`` did; per-token figures are means over trained tokens."""
+
+    version: int
+    """The version the step produced."""
+    loss: float
+    pg_loss: float
+    kl: float
+    """Mean k3 KL to the reference (0 when ``kl_coef`` is 0 and there is none)."""
+    clip_frac: float
+    ratio_mean: float
+    approx_kl: float
+    """Mean k3 KL(π_prox ‖ π_θ) at the forward passes: how far the update has gone."""
+    is_weight_mean: float
+    is_truncated_frac: float
+    grad_norm: float
+    """Before clipping; the mean over mini-batches. Not finite: the update was skipped."""
+    tokens: int
+    samples: int
+    micro_batches: int
+    advantage_mean: float
+    staleness_mean: float
+    """Learner version minus each sample's (oldest token's) version, mean over samples."""
+    staleness_max: int
+    seconds: float
+
+
+class WeightsSink(Protocol):
+    """An inference engine that takes new weights (``LocalEngine`` is one)."""
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None,
+                       /) -> int: ...
+
+
+@dataclass
+class _Batch:
+    ids: torch.Tensor  # (B, T) long, right-padded with 0
+    attention: torch.Tensor  # (B, T) long
+    mask: torch.Tensor  # (B, T) bool: trained tokens
+    behav: torch.Tensor  # (B, T) float32, NaN where unknown
+    advantages: torch.Tensor  # (B,)
+    prox: torch.Tensor | None  # (B, T) float32
+
+
+class Learner:
+    """Trains a causal LM on ``Sample``s; one ``step`` is one new weights version."""
+
+    def __init__(self, model_path: str | os.PathLike[str],
+                 config: LearnerConfig | None = None) -> None:
+        import torch
+
+        self.config = config or LearnerConfig()
+        self.model_path = Path(model_path).resolve()
+        try:
+            self.device = torch.device(self.config.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"device {self.config.device!r} is not a torch device: {exc}") \
+                from exc
+        if self.device.type == "cuda" and (not torch.cuda.is_available() or (
+                self.device.index or 0) >= torch.cuda.device_count()):
+            raise ConfigError(f"device {self.config.device!r}: this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s); use 'cpu' or one "
+                              "that exists")
+        self.model = self._load_model()
+        self.ref_model = self._load_model().requires_grad_(False) if self.config.kl_coef else None
+        cfg = self.config
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        self.version = 0
+        self._vocab = int(self.model.get_input_embeddings().num_embeddings)
+        # transformers >= 4.50 projects only chosen positions onto the vocabulary.
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(
+            self.model.forward).parameters
+
+    def _load_model(self) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # loads and saves in a loop
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(  # Any: its .to() is mistyped
+                self.model_path, local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot load a causal LM from {self.model_path}: {exc}; give a "
+                              "directory written by save_pretrained") from exc
+        return model.to(self.device).eval()  # eval: no dropout, see the module docstring
+
+    # -- training --------------------------------------------------------------------------
+
+    def make_samples(self, trajectories: Iterable[Trajectory]) -> list[Sample]:
+        """Group-relative advantages (``normalise_std`` from the config), then samples."""
+        trajectories = list(trajectories)
+        advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std)
+        return samples_from(trajectories, advantages=advantages)
+
+    def step(self, samples: Sequence[Sample]) -> StepStats:
+        """One policy update on ``samples``; ``version`` goes up by one."""
+        import torch
+
+        from tempering.train.losses import decoupled_ppo_loss, kl_k3
+
+        started = time.perf_counter()
+        cfg = self.config
+        self._check(samples)
+        n_mini = min(cfg.mini_batches, len(samples))
+        minis = [list(range(i, len(samples), n_mini)) for i in range(n_mini)]
+        prox = self._logprobs(samples) if n_mini > 1 else None
+        sums: dict[str, torch.Tensor] = {}
+        losses = torch.zeros(2, device=self.device)  # (loss, pg_loss) summed over mini-batches
+        grad_norms: list[torch.Tensor] = []
+        micro = 0
+        for mini in minis:
+            self.optimizer.zero_grad(set_to_none=True)
+            chosen = [samples[i] for i in mini]
+            denominator = float(max(1, sum(s.tokens for s in chosen)) if cfg.loss_agg ==
+                                "token-mean" else max(1, sum(s.tokens > 0 for s in chosen)))
+            for group in pack([len(s.ids) for s in chosen], cfg.micro_batch_tokens):
+                batch = self._collate([chosen[j] for j in group],
+                                      None if prox is None else [prox[mini[j]] for j in group])
+                logprobs = self._forward(self.model, batch)  # (B, T)
+                prox_lp = logprobs.detach() if batch.prox is None else batch.prox
+                behav = torch.where(batch.behav.isnan(), prox_lp, batch.behav)
+                pg_loss, stats = decoupled_ppo_loss(
+                    logprobs, prox_lp, behav, batch.advantages, batch.mask, cfg.clip_eps,
+                    cfg.is_cap, cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+                    denominator=denominator)
+                loss = pg_loss
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = self._forward(self.ref_model, batch)
+                    kl_loss, kl_stats = kl_k3(logprobs, ref, batch.mask, loss_agg=cfg.loss_agg,
+                                              denominator=denominator)
+                    loss = loss + cfg.kl_coef * kl_loss
+                    stats |= kl_stats
+                loss.backward()  # type: ignore[no-untyped-call]
+                losses += torch.stack([loss.detach(), pg_loss.detach()])
+                weight = batch.mask.sum()  # stats are token means: weigh by tokens
+                for key, value in stats.items():
+                    sums[key] = sums[key] + value * weight if key in sums else value * weight
+                micro += 1
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                  cfg.max_grad_norm or math.inf)
+            if torch.isfinite(norm):
+                self.optimizer.step()
+            else:  # one poisoned batch must not destroy the weights
+                log.warning("gradient norm %s at version %d: update skipped", norm.item(),
+                            self.version)
+            grad_norms.append(norm)
+        tokens = sum(s.tokens for s in samples)
+        keys = ["clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_truncated_frac",
+                "kl"]
+        zero = torch.zeros((), device=self.device)
+        figures = torch.stack([*(losses / n_mini), torch.stack(grad_norms).mean(),
+                               *(sums.get(k, zero) / max(1, tokens) for k in keys)]).tolist()
+        loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl = figures
+        staleness = [self.version - s.version for s in samples]
+        self.version += 1
+        return StepStats(
+            version=self.version, loss=loss, pg_loss=pg_loss, kl=kl, clip_frac=clip_frac,
+            ratio_mean=ratio_mean, approx_kl=approx_kl, is_weight_mean=is_w,
+            is_truncated_frac=is_trunc, grad_norm=grad_norm, tokens=tokens,
+            samples=len(samples), micro_batches=micro,
+            advantage_mean=sum(s.advantage for s in samples) / len(samples),
+            staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness),
+            seconds=time.perf_counter() - started)
+
+    def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """Each sample's per-token log-probs under the current weights: of every trained token
+        (loss mask 1), 0 for the others (they are not computed)."""
+        self._check(samples)
+        return [row.tolist() for row in self._logprobs(samples)]
+
+    def _logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        """Per sample a (T_i,) tensor of log-probs, without gradient."""
+        import torch
+
+        out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        with torch.no_grad():
+            for group in pack([len(s.ids) for s in samples], self.config.micro_batch_tokens):
+                batch = self._collate([samples[i] for i in group], None)
+                logprobs = torch.where(batch.mask, self._forward(self.model, batch), 0.0)
+                for row, i in enumerate(group):
+                    out[i] = logprobs[row, :len(samples[i].ids)]
+        return out
+
+    def _forward(self, model: Any, batch: _Batch) -> torch.Tensor:
+        """Log-probs (B, T) of the batch's tokens; 0 where the next token is not trained."""
+        import torch
+
+        from tempering.train.losses import target_logprobs, token_logprobs
+
+        # Only positions whose next token is trained need the vocabulary projection, usually
+        # the largest matrix product and, with its log-softmax, the largest activation.
+        keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)  # (K,) columns t predicting t+1
+        select = self._logits_to_keep and 0 < len(keep) < batch.ids.shape[1] - 1
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=self.config.dtype == "bfloat16"):
+            logits = model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False,
+                           **({"logits_to_keep": keep} if select else {})).logits
+        if not select:
+            return token_logprobs(logits, batch.ids, self.config.temperature)  # (B, T)
+        picked = target_logprobs(logits, batch.ids[:, keep + 1],
+                                 self.config.temperature)  # (B, K)
+        out = torch.zeros(batch.ids.shape, dtype=picked.dtype, device=picked.device)
+        return out.index_copy(1, keep + 1, picked)  # (B, T), differentiable in picked
+
+    def _collate(self, chosen: Sequence[Sample], prox: list[torch.Tensor] | None) -> _Batch:
+        import torch
+
+        width = max(len(s.ids) for s in chosen)
+        shape = (len(chosen), width)
+        ids = torch.zeros(shape, dtype=torch.long)  # pad id 0: masked by attention and loss
+        attention = torch.zeros(shape, dtype=torch.long)
+        mask = torch.zeros(shape, dtype=torch.bool)
+        behav = torch.zeros(shape, dtype=torch.float32)
+        for row, s in enumerate(chosen):
+            n = len(s.ids)
+            ids[row, :n] = torch.tensor(s.ids)
+            attention[row, :n] = 1
+            mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+            behav[row, :n] = torch.tensor(s.logprobs)
+        padded = None
+        if prox is not None:
+            padded = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            for row, p in enumerate(prox):
+                padded[row, :len(p)] = p
+        to = self.device
+        return _Batch(ids.to(to), attention.to(to), mask.to(to), behav.to(to),
+                      torch.tensor([s.advantage for s in chosen], device=to), padded)
+
+    def _check(self, samples: Sequence[Sample]) -> None:
+        if not samples:
+            raise ValueError("no samples to train on; give at least one")
+        for s in samples:
+            if max(s.ids) >= self._vocab or min(s.ids) < 0:
+                raise ValueError(f"sample {s.trajectory_id!r} has token ids outside the "
+                                 f"model's vocabulary [0, {self._vocab}); was it sampled by "
+                                 "another model?")
+
+    # -- weights out -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's weights: views of the live parameters, valid until the next ``step``."""
+        return dict(self.model.state_dict())
+
+    def publish(self, engine: WeightsSink) -> int:
+        """Push the weights to ``engine`` as version ``self.version``; returns its version."""
+        return engine.update_weights(self.state_dict(), self.version)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write model, optimizer and version to ``path`` atomically; returns the path."""
+        import torch
+
+        out = Path(path).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a save that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        old = out.parent / f".{out.name}.old"
+        try:
+            self.model.save_pretrained(tmp)
+            for pattern in _TOKENIZER_FILES:  # so that an engine can load the checkpoint
+                for f in self.model_path.glob(pattern):
+                    if f.is_file():
+                        shutil.copy2(f, tmp / f.name)
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            (tmp / STATE_FILE).write_text(json.dumps({
+                "version": self.version, "base_model": str(self.model_path),
+                "config": self.config.model_dump(mode="json")}, indent=2) + "\n")
+            _fsync_tree(tmp)
+            if out.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(out, old)
+            os.rename(tmp, out)
+            _fsync_dir(out.parent)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        return out
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore model, optimizer and version from a checkpoint ``save`` wrote."""
+        import torch
+        from safetensors.torch import load_file
+
+        path = Path(path).resolve()
+        old = path.parent / f".{path.name}.old"
+        if not (path / STATE_FILE).is_file() and (old / STATE_FILE).is_file():
+            os.rename(old, path)  # a kill fell between save's two renames: take the last one
+        if not (path / STATE_FILE).is_file():
+            raise ConfigError(f"no learner checkpoint at {path} (no {STATE_FILE}); give a "
+                              "directory written by Learner.save")
+        state = json.loads((path / STATE_FILE).read_text())
+        weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in
+                   load_file(f, device=str(self.device)).items()}
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        own = self.model.state_dict()
+        loaded = {own[k].data_ptr() for k in weights if k in own}
+        tied = {k for k, v in own.items() if v.data_ptr() in loaded}  # lm_head = embeddings
+        if unexpected or set(missing) - tied:
+            raise ConfigError(f"the checkpoint at {path} does not fit {self.model_path}: "
+                              f"missing {sorted(set(missing) - tied)[:5]}, unexpected "
+                              f"{sorted(unexpected)[:5]}; load it into a learner of the same "
+                              "model")
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device,
+                                                  weights_only=True))
+        self.version = int(state["version"])
+
+
+def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped so that rows x longest row <= ``max_tokens`` (a longer one alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        # Longest first: the first row of a group is its widest.
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _fsync_tree(root: Path) -> None:
+    for f in root.iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,294 @@
+"""The learner on the tiny Qwen2 model: log-probs equal to the engine's, updates that follow the
+advantages, gradient accumulation, publishing to a LocalEngine, checkpoints that survive
+``kill -9``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from learner_child import CONFIG as CHILD_CONFIG  # noqa: E402
+from learner_child import batch  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from tempering.errors import ConfigError  # noqa: E402
+from tempering.policy.base import GenerateRequest, Message, SamplingParams  # noqa: E402
+from tempering.policy.local import LocalEngine  # noqa: E402
+from tempering.reward.result import RewardResult  # noqa: E402
+from tempering.train import Learner, LearnerConfig, Sample, StepStats  # noqa: E402
+from tempering.train.samples import group_advantages, samples_from  # noqa: E402
+from tempering.trajectory.schema import Step, Trajectory  # noqa: E402
+
+
+def grade(reward: float) -> RewardResult:
+    return RewardResult(reward=reward, components={}, tests_passed=0, tests_total=0, flags=[])
+
+
+@pytest.fixture
+async def engine(tiny_model_dir: Path) -> AsyncIterator[LocalEngine]:
+    async with LocalEngine(tiny_model_dir) as eng:
+        yield eng
+
+
+async def two_turns(engine: LocalEngine, seed: int, temperature: float) -> Trajectory:
+    """A two-turn episode sampled by the engine, the second turn extending the first's tokens."""
+    def sampling(s: int) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_p=0.9, max_tokens=20, seed=s)
+
+    first = [Message(role="system", content="You fix bugs."),
+             Message(role="user", content="The tests fail.")]
+    g1 = await engine.generate(GenerateRequest(messages=first, sampling=sampling(seed)))
+    conversation = [*first, Message(role="assistant", content=g1.text),
+                    Message(role="user", content="exit code 1: still failing")]
+    g2 = await engine.generate(GenerateRequest(
+        messages=conversation, sampling=sampling(seed + 1), prefix_messages=3,
+        prefix_token_ids=g1.prompt_token_ids + g1.completion_token_ids))
+    assert g2.prompt_reused > 0
+    steps = [Step(index=i, prompt_reused=g.prompt_reused, prompt_token_ids=g.prompt_token_ids,
+                  completion_token_ids=g.completion_token_ids, logprobs=g.logprobs,
+                  loss_mask=[1] * len(g.completion_token_ids), weights_version=g.weights_version)
+             for i, g in enumerate((g1, g2))]
+    return Trajectory(task_id="t", group_id="g", steps=steps, reward=grade(seed % 2))
+
+
+def trained(sample: Sample, logprobs: list[float]) -> list[float]:
+    return [lp for lp, m in zip(logprobs, sample.loss_mask, strict=True) if m]
+
+
+def params(learner: Learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in learner.model.named_parameters()}
+
+
+async def test_logprobs_equal_the_engines_so_fresh_samples_have_weight_one(
+        engine: LocalEngine, tiny_model_dir: Path) -> None:
+    trajs = [await two_turns(engine, seed, temperature=0.7) for seed in (1, 2)]
+    # The same episode as an engine that re-rendered its prompts would record it.
+    steps = trajs[0].steps
+    rerendered = trajs[0].model_copy(update={"trajectory_id": "re", "steps": [
+        steps[0], steps[1].model_copy(update={
+            "prompt_reused": 0, "prompt_token_ids": trajs[0].prompt_ids(1)})]})
+    assert trajs[0].sequence() is not None and rerendered.sequence() is None
+    learner = Learner(tiny_model_dir, LearnerConfig(temperature=0.7, lr=1e-3))
+    samples = learner.make_samples([*trajs, rerendered])
+    assert len(samples) == 4  # one per multi-turn episode, one per re-rendered turn
+    for sample, logprobs in zip(samples, learner.logprobs(samples), strict=True):
+        assert trained(sample, logprobs) == pytest.approx(trained(sample, list(sample.logprobs)),
+                                                          abs=1e-4)
+    fresh = learner.step(samples)
+    assert fresh.is_weight_mean == pytest.approx(1.0, abs=1e-4)
+    assert fresh.is_truncated_frac == 0.0 and fresh.ratio_mean == pytest.approx(1.0)
+    assert (fresh.staleness_mean, fresh.staleness_max, fresh.version) == (0.0, 0, 1)
+    assert fresh.tokens == sum(s.tokens for s in samples) and fresh.samples == 4
+    stale = learner.step(samples)  # the same samples, now one version old
+    assert (stale.staleness_mean, stale.staleness_max, stale.version) == (1.0, 1, 2)
+    assert abs(stale.is_weight_mean - 1.0) > 1e-3
+
+
+def fixed_completions(tiny_model_dir: Path) -> list[Trajectory]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    prompt = tok.encode("<|im_start|>user\nFix the bug.<|im_end|>\n<|im_start|>assistant\n")
+    out = []
+    for text, reward in (("I ran the tests and fixed it.", 1.0), ("No.", 0.0)):
+        step = Step(index=0, prompt_token_ids=prompt,  # no log-probs recorded: weight 1
+                    completion_token_ids=tok.encode(text) + [tok.convert_tokens_to_ids(
+                        "<|im_end|>")])
+        out.append(Trajectory(task_id="t", group_id="g", steps=[step], reward=grade(reward)))
+    return out
+
+
+def test_steps_raise_the_rewarded_completion_and_lower_the_other(tiny_model_dir: Path) -> None:
+    trajs = fixed_completions(tiny_model_dir)
+    advantages = group_advantages(trajs)
+    good, bad = samples_from(trajs, advantages=advantages)
+    assert good.advantage > 0 > bad.advantage
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-3))
+
+    def totals() -> list[float]:
+        return [sum(trained(s, lp)) for s, lp in zip((good, bad),
+                                                      learner.logprobs([good, bad]), strict=True)]
+
+    before = totals()
+    for _ in range(4):
+        stats = learner.step([good, bad])
+    after = totals()
+    assert after[0] > before[0] + 1.0 and after[1] < before[1] - 1.0, (before, after)
+    assert stats.version == 4 and math.isfinite(stats.grad_norm) and stats.grad_norm > 0
+
+
+def random_samples(n: int, seed: int, learner: Learner) -> list[Sample]:
+    """Samples of mixed lengths whose behaviour log-probs are off the learner's (stale)."""
+    gen = torch.Generator().manual_seed(seed)
+    drafts = []
+    for i in range(n):
+        length = 8 + 7 * i
+        ids = tuple(torch.randint(0, 2000, (length,), generator=gen).tolist())
+        mask = tuple(int(t >= 3 and (t % 5) != 0) for t in range(length))
+        drafts.append(Sample(ids, mask, (0.0,) * length, (0,) * length,
+                             float(torch.randn((), generator=gen)), f"s{i}"))
+    current = learner.logprobs(drafts)
+    return [Sample(d.ids, d.loss_mask, tuple(lp + 0.5 * float(torch.randn((), generator=gen))
+                                             for lp in lps), d.versions, d.advantage,
+                   d.trajectory_id) for d, lps in zip(drafts, current, strict=True)]
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_accumulation_equals_one_big_batch(tiny_model_dir: Path, loss_agg: str) -> None:
+    def run(micro_batch_tokens: int) -> tuple[StepStats, dict[str, torch.Tensor]]:
+        learner = Learner(tiny_model_dir, LearnerConfig(
+            lr=1e-4, micro_batch_tokens=micro_batch_tokens, loss_agg=loss_agg,  # type: ignore[arg-type]
+            is_cap=1.5, kl_coef=0.1))
+        stats = learner.step(random_samples(6, 0, learner))
+        return stats, params(learner)
+
+    (big, p_big), (small, p_small) = run(10_000), run(64)
+    assert (big.micro_batches, small.micro_batches) == (1, 4)  # 43 | 36 | 29+22 | 15+8
+    assert big.is_truncated_frac > 0  # the cap and the KL term take part
+    for field in ("loss", "pg_loss", "grad_norm", "is_weight_mean", "is_truncated_frac"):
+        assert getattr(small, field) == pytest.approx(getattr(big, field), rel=1e-5), field
+    moved = max((p_big[k] - p).abs().max().item() for k, p in params(
+        Learner(tiny_model_dir)).items())
+    diff = max((p_big[k] - p_small[k]).abs().max().item() for k in p_big)
+    assert moved > 5e-5 and diff < moved / 100, (moved, diff)
+
+
+def test_mini_batches_clip_against_the_weights_before_the_update(tiny_model_dir: Path) -> None:
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=2e-2, mini_batches=2))
+    stats = learner.step(random_samples(6, 1, learner))
+    # The second optimizer step sees weights the first one moved: ratios leave 1 and clip.
+    assert stats.clip_frac > 0 and stats.approx_kl > 0 and stats.version == 1
+
+
+async def test_publish_bumps_the_engine_version_and_changes_its_samples(
+        engine: LocalEngine, tiny_model_dir: Path) -> None:
+    request = GenerateRequest(messages=[Message(role="user", content="Fix the bug.")],
+                              sampling=SamplingParams(max_tokens=16, seed=3))
+    before = await engine.generate(request)
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-2))
+    trajs = fixed_completions(tiny_model_dir)
+    samples = samples_from(trajs, advantages=group_advantages(trajs))
+    learner.step(samples)
+    assert await asyncio.to_thread(learner.publish, engine) == 1
+    assert engine.weights_version == 1
+    after = await engine.generate(request)
+    assert after.weights_version == 1
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    sample = Sample(tuple(after.prompt_token_ids + after.completion_token_ids),
+                    (0,) * len(after.prompt_token_ids) + (1,) * len(after.completion_token_ids),
+                    (0.0,) * (len(after.prompt_token_ids) + len(after.completion_token_ids)),
+                    (0,) * (len(after.prompt_token_ids) + len(after.completion_token_ids)), 0.0)
+    (mine,) = learner.logprobs([sample])
+    assert trained(sample, mine) == pytest.approx(after.logprobs, abs=1e-4)
+    # The engine copied the weights: the learner training on does not reach it.
+    learner.step(samples)
+    again = await engine.generate(request)
+    assert again.completion_token_ids == after.completion_token_ids
+    assert again.logprobs == pytest.approx(after.logprobs, abs=1e-6)
+
+
+def test_save_and_load_resume_with_the_same_version_and_optimizer(tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    config = LearnerConfig(lr=1e-3)
+    first = Learner(tiny_model_dir, config)
+    first.step(batch(0))
+    checkpoint = first.save(tmp_path / "ckpt")
+    first.step(batch(1))
+    assert first.save(tmp_path / "ckpt") == checkpoint  # over the old one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left over
+    saved = copy.deepcopy(first.optimizer.state_dict())
+    uninterrupted = first.step(batch(2))
+
+    resumed = Learner(tiny_model_dir, config)
+    resumed.load(checkpoint)
+    assert resumed.version == 2
+    state = resumed.optimizer.state_dict()["state"]
+    assert set(state) == set(saved["state"])
+    for i, moments in saved["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(state[i][key], value), (i, key)
+    replay = resumed.step(batch(2))  # the next step equals the uninterrupted one
+    assert replay.version == 3 == uninterrupted.version
+    assert replay.loss == pytest.approx(uninterrupted.loss, rel=1e-6)
+    ours, theirs = params(resumed), params(first)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-6
+    assert AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)  # engines load it
+
+    # A kill between save's two renames leaves the previous checkpoint as .ckpt.old.
+    checkpoint.rename(tmp_path / ".ckpt.old")
+    again = Learner(tiny_model_dir, config)
+    again.load(checkpoint)
+    assert again.version == 2 and checkpoint.is_dir()
+    with pytest.raises(ConfigError, match="no learner checkpoint"):
+        again.load(tmp_path / "nothing")
+
+
+def test_a_killed_learner_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    acknowledged = 0
+    rng = random.Random(0)
+    for _ in range(2):
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("learner_child.py")),
+             str(tiny_model_dir), str(checkpoint)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        resumed = int(child.stdout.readline().split()[1])
+        assert resumed == acknowledged  # every acknowledged version survived the kill
+        while acknowledged < resumed + 3:
+            acknowledged = int(child.stdout.readline().split()[1])
+        time.sleep(rng.uniform(0.0, 0.05))  # somewhere in a step or a save
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        # It may have saved more after its last line was read; it never saves less.
+        learner = Learner(tiny_model_dir, CHILD_CONFIG)
+        learner.load(checkpoint)
+        assert learner.version >= acknowledged
+        acknowledged = learner.version
+    replay = Learner(tiny_model_dir, CHILD_CONFIG)
+    while replay.version < learner.version:
+        replay.step(batch(replay.version))
+    mine, theirs = params(replay), params(learner)
+    assert max((mine[k] - theirs[k]).abs().max().item() for k in mine) < 1e-5
+    assert learner.step(batch(learner.version)).version == acknowledged + 1
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("lr", 0.0), ("betas", (0.9, 1.0)), ("clip_eps", 1.5), ("clip_eps_high", -0.1),
+    ("is_cap", 0.5), ("kl_coef", -1.0), ("temperature", 0.0), ("micro_batch_tokens", 0),
+    ("mini_batches", 0), ("loss_agg", "sum"), ("dtype", "float16"), ("max_grad_norm", 0.0),
+    ("lr_schedule", "cosine")])
+def test_bad_config_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=field):
+        LearnerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_bad_model_or_device_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot load a causal LM"):
+        Learner(tmp_path)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device 'cuda'"):
+            Learner(tiny_model_dir, LearnerConfig(device="cuda"))
+    with pytest.raises(ConfigError, match="device 'tpu9'"):
+        Learner(tiny_model_dir, LearnerConfig(device="tpu9"))
+    learner = Learner(tiny_model_dir)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        learner.step([Sample((1, 99_999), (0, 1), (0.0, 0.0), (0, 0), 1.0)])
+    with pytest.raises(ValueError, match="no samples"):
+        learner.step([])
