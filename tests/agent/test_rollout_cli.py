@@ -34,7 +34,8 @@ def test_rollout_stores_a_group_per_task_and_reports(tmp_path: Path, tiny_model_
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["rollout", "no/such/task"], "neither a task directory nor humaneval"),
+    (["rollout", "no/such/task"], "neither a task directory, humaneval"),
+    (["rollout", "switchboard:x"], "number of table layouts"),
     (["rollout", "humaneval:zero"], "must be a whole number"),
     (["rollout", str(MEDIAN), "--policy", "openai:http://127.0.0.1:9/v1"], "needs --model"),
     (["rollout", str(MEDIAN), "--policy", "gpt"], "unknown policy 'gpt'"),

@@ -29,7 +29,8 @@ Examples:
   tempering rollout humaneval:20 --policy openai:http://127.0.0.1:8000/v1 --model tiny
   tempering traj stats runs/rollout-20261130-101500
 
-TASK is a task directory, `humaneval` (all 164 problems) or `humaneval:N` (the first N).
+TASK is a task directory, `humaneval` (all 164 problems), `humaneval:N` (the first N), or
+`switchboard[:LAYOUTS]` (the built-in family a tiny model can learn; 4 layouts by default).
 POLICY is `tiny` (the local engine on a tiny model built here), `local:DIR` (a transformers
 model directory) or `openai:URL` (any OpenAI-compatible server: vLLM, SGLang, `tempering serve`;
 the key is read from $OPENAI_API_KEY).
@@ -49,10 +50,18 @@ def _load_tasks(specs: list[str]) -> list[Task]:
             if count and (not count.isdigit() or int(count) < 1):
                 raise UsageError(f"{spec!r}: the count after humaneval: must be a whole number")
             tasks += every[: int(count)] if count else every
+        elif name == "switchboard":
+            from tempering.tasks.builtin import switchboard
+
+            if count and (not count.isdigit() or int(count) < 1):
+                raise UsageError(f"{spec!r}: the count after switchboard: must be a whole "
+                                 "number of table layouts")
+            tasks += switchboard(layouts=int(count) if count else 4)
         elif Path(spec).is_dir():
             tasks.append(load_task(spec))
         else:
-            raise UsageError(f"task {spec!r} is neither a task directory nor humaneval[:N]")
+            raise UsageError(f"task {spec!r} is neither a task directory, humaneval[:N] nor "
+                             "switchboard[:LAYOUTS]")
     return tasks
 
 
@@ -173,7 +182,7 @@ def add_rollout_command(commands: Any) -> None:
                     "directory's trajectory store. Prints progress, then a table by status.",
         epilog=_EPILOG)
     rollout.add_argument("tasks", nargs="+", metavar="TASK",
-                         help="task directories, humaneval or humaneval:N")
+                         help="task directories, humaneval[:N] or switchboard[:LAYOUTS]")
     rollout.add_argument("--policy", default="tiny", metavar="POLICY",
                          help="tiny, local:DIR or openai:URL (default: tiny)")
     rollout.add_argument("--model", metavar="NAME", help="the model name for openai:URL")

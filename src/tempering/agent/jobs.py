@@ -104,7 +104,13 @@ async def _close(episode: Episode, sandbox: Sandbox) -> None:
 
 
 def _task(ref: str) -> Task:
-    """A task from its directory, or a HumanEval task from its id (``HumanEval/12``)."""
+    """A task from its directory, or a built-in one from its id (``HumanEval/12``,
+    ``switchboard/alpha-0``)."""
+    if ref.startswith("switchboard/"):
+        from tempering.tasks.builtin import switchboard_task
+
+        sign, _, layout = ref.removeprefix("switchboard/").rpartition("-")
+        return switchboard_task(sign, int(layout))
     if ref.startswith("HumanEval/"):
         if "humaneval" not in _cache:
             from tempering.tasks.humaneval import load_humaneval

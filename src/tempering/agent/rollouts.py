@@ -29,7 +29,7 @@ def task_ref(task: Task) -> str:
     """What a remote worker needs to load ``task``: its directory, or its HumanEval id."""
     if task.root is not None:
         return str(task.root.resolve())
-    if task.id.startswith("HumanEval/"):
+    if task.id.startswith(("HumanEval/", "switchboard/")):
         return task.id
     raise ConfigError(f"task {task.id!r} has no directory a remote worker could load")
 
