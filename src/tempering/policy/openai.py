@@ -12,6 +12,12 @@ server's help, asked for in three layers, each optional:
   extension): the previous turn's tokens, which the server extends instead of re-tokenising;
   its answer's ``tempering`` object gives ``weights_version``, ``prompt_reused`` and ``text``.
 
+The weights version of a completion is the server's word where it gives one (``tempering
+serve``'s ``tempering.weights_version`` or ``X-Weights-Version``, SGLang's
+``metadata.weight_version``), else ``OpenAIPolicy.weights_version`` as it was when the request
+was sent: a publisher (``train.weights.VLLMPublisher``) sets it once the server serves a new
+version, so the stamp is never newer than the weights that sampled the completion.
+
 Servers that reject unknown fields (OpenAI's) need ``send_token_prefix=False,
 return_token_ids=False``; their generations carry text and log-probs only. ``prompt_reused`` is
 the server's word when the prompt it returned bears it out against the prefix we hold, else the
@@ -187,6 +193,18 @@ def _error_message(response: httpx.Response) -> str:
     return _excerpt(response.text) or "(empty body)"
 
 
+def _served_version(data: dict[str, Any], header: str | None) -> int | None:
+    """The weights version the server says sampled the answer, if it says one."""
+    ext, meta = data.get("tempering"), data.get("metadata")
+    for said in (ext.get("weights_version") if isinstance(ext, dict) else None, header,
+                 meta.get("weight_version") if isinstance(meta, dict) else None):
+        if isinstance(said, int) and not isinstance(said, bool):
+            return said
+        if isinstance(said, str) and said.isdigit():  # SGLang's is "default" until one is set
+            return int(said)
+    return None
+
+
 def _reused(prefix: list[int], prompt: list[int], claimed: object) -> int:
     if not prefix or not prompt:
         return 0
@@ -229,6 +247,9 @@ class OpenAIPolicy:
         """Merged into every request body last (e.g. ``{"top_k": 20}`` for vLLM)."""
         self.send_token_prefix = send_token_prefix
         self.return_token_ids = return_token_ids
+        self.weights_version: int | None = None
+        """The version the server serves, for answers that carry none (vLLM's); set by a
+        weights publisher once the server serves it."""
         self._api_key = api_key
         self._max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
@@ -279,6 +300,7 @@ class OpenAIPolicy:
 
     async def generate(self, request: GenerateRequest) -> Generation:
         headers = {"X-Tempering-Episode": request.episode_id} if request.episode_id else {}
+        sent_version = self.weights_version  # a publish during the request may come too late
         response = await self._post(self.body(request), headers)
         if response.status_code == 400 and _CONTEXT.search(response.text):
             return Generation(text="", context_exceeded=True)
@@ -288,7 +310,8 @@ class OpenAIPolicy:
             raise PolicyError(f"{self.url} answered 200 with a body that is not JSON: "
                               f"{_excerpt(response.text)}") from None
         try:
-            return self._generation(request, data, response.headers.get("x-weights-version"))
+            version = _served_version(data, response.headers.get("x-weights-version"))
+            return self._generation(request, data, sent_version if version is None else version)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
             raise PolicyError(f"{self.url} answered with a completion of an unexpected shape "
@@ -337,7 +360,7 @@ class OpenAIPolicy:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _generation(self, request: GenerateRequest, data: dict[str, Any],
-                    version_header: str | None) -> Generation:
+                    version: int | None) -> Generation:
         choice = data["choices"][0]
         message = choice.get("message") or {}
         raw = message.get("content") or ""
@@ -361,11 +384,10 @@ class OpenAIPolicy:
                              "log-probs")
         prompt = list(data.get("prompt_token_ids") or choice.get("prompt_token_ids") or [])
         reused = _reused(request.prefix_token_ids, prompt, ext.get("prompt_reused"))
-        version = ext.get("weights_version")
         finish = FINISH.get(choice.get("finish_reason") or "stop", "stop")
         return Generation(
             text=text, content=content, tool_calls=calls, tool_call_error=error,
             finish_reason="tool_calls" if calls and finish == "stop" else finish,
             prompt_reused=reused, prompt_token_ids=prompt[reused:],
             completion_token_ids=completion, logprobs=logprobs,
-            weights_version=int(version if version is not None else version_header or 0))
+            weights_version=version or 0)

@@ -15,6 +15,11 @@ answer) is answered with the recorded answer, byte for byte, and records nothing
 original is still sampling, the retry waits for it. Replaying rather than sampling again keeps
 the answer a client continues from the one recorded, even when a retry races its original.
 
+Weights. ``POST /v1/weights {"path", "version"}`` has the policy's ``update_weights`` load a
+save_pretrained directory or .safetensors file on the server's machine (in a thread: it waits
+for the completions in flight), never to an older version; ``GET /v1/weights`` reads it. Off
+loopback, the endpoint is refused unless ``allow_weight_updates``: it makes the server load files.
+
 Ends and journaling. ``POST /v1/episodes/{id}/end`` hands the ``Trajectory`` to the
 ``recorder`` and ``on_trajectory``; idle episodes (``episode_ttl_s``) and those open at
 ``close()`` go the same way as ``infra_error``. A ``recorder`` (``agent.episode.Recorder``, e.g.
@@ -30,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import ipaddress
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,6 +82,18 @@ class EndRequest(BaseModel):
     run_id: str = ""
     group_id: str = ""
     sample_index: int = 0
+
+
+class WeightsRequest(BaseModel):
+    """The body of ``POST /v1/weights``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Annotated[str, Field(min_length=1)]
+    """Absolute path, on the server's machine, of a save_pretrained directory or a .safetensors
+    file holding the new weights."""
+    version: Annotated[int, Field(ge=0)]
+    """The version the new weights become; never below the one served."""
 
 
 @dataclass
@@ -132,7 +151,8 @@ class PolicyServer:
     def __init__(self, policy: Policy, *, host: str = "127.0.0.1", port: int = 0,
                  model_name: str | None = None, on_trajectory: OnTrajectory | None = None,
                  recorder: Recorder | None = None, episode_ttl_s: float = 3600.0,
-                 max_body_bytes: int = 32 << 20, keepalive_s: float = 75.0) -> None:
+                 max_body_bytes: int = 32 << 20, keepalive_s: float = 75.0,
+                 allow_weight_updates: bool | None = None) -> None:
         self.policy = policy
         self.model_name = model_name or policy.name
         self.on_trajectory = on_trajectory
@@ -141,12 +161,20 @@ class PolicyServer:
         """Journals episodes as they happen and stores them at their end (``append`` runs in
         a worker thread: it may fsync). Thread-safe, as ``TrajectoryStore`` is."""
         self.episode_ttl_s = episode_ttl_s
+        self.allow_weight_updates = (_is_loopback(host) if allow_weight_updates is None
+                                     else allow_weight_updates)
+        """Whether ``POST /v1/weights`` loads weights (default: only when listening on loopback,
+        as anyone who reaches the server could otherwise make it load files)."""
+        self._weights_lock = asyncio.Lock()  # one load at a time, checked against the version
+        self._posted_version: int | None = None
         router = Router()
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
         router.add("POST", "/v1/chat/completions", self._chat)
         router.add("GET", "/v1/episodes/{id}", self._episode)
         router.add("POST", "/v1/episodes/{id}/end", self._end)
+        router.add("GET", "/v1/weights", self._weights)
+        router.add("POST", "/v1/weights", self._update_weights)
         self.http = HTTPServer(router, host=host, port=port, max_body_bytes=max_body_bytes,
                                keepalive_s=keepalive_s)
         self._episodes: dict[str, _Episode] = {}
@@ -293,6 +321,44 @@ class PolicyServer:
                          "steps": len(trajectory.steps), "status": trajectory.status.value,
                          "reward": trajectory.reward_value})
 
+    def _weights_version(self) -> int | None:
+        version = getattr(self.policy, "weights_version", None)
+        return version if isinstance(version, int) else self._posted_version
+
+    async def _weights(self, _: Request) -> Response:
+        return Response({"weights_version": self._weights_version(), "policy": self.policy.name,
+                         "updatable": self.allow_weight_updates and callable(
+                             getattr(self.policy, "update_weights", None))})
+
+    async def _update_weights(self, request: Request) -> Response:
+        if not self.allow_weight_updates:
+            raise HTTPError(403, f"this server listens on {self.http.host}, beyond loopback, so "
+                            "it loads no weights from a path; serve on 127.0.0.1 or pass "
+                            "allow_weight_updates=True on a trusted network")
+        body = request.json(WeightsRequest)
+        update = getattr(self.policy, "update_weights", None)
+        if not callable(update):
+            raise HTTPError(400, f"the policy {self.policy.name} ({type(self.policy).__name__}) "
+                            "cannot load new weights: it has no update_weights; serve a local "
+                            "model (LocalEngine) to publish weights to it")
+        path = Path(body.path)
+        if not path.is_absolute():
+            raise HTTPError(400, f"path {body.path!r} is relative; send the absolute path on "
+                            "the server's machine (same machine or a shared disk)", param="path")
+        async with self._weights_lock:
+            current = self._weights_version()
+            if current is not None and body.version < current:
+                raise HTTPError(409, f"version {body.version} is older than version {current} "
+                                "already served; versions only go forward", param="version")
+            try:
+                loaded = await asyncio.to_thread(update, path, body.version)
+            except (PolicyError, OSError, ValueError) as exc:
+                raise HTTPError(400, f"loading weights version {body.version} from {path} "
+                                f"failed: {exc}", param="path") from exc
+            self._posted_version = loaded if isinstance(loaded, int) else body.version
+        return Response({"weights_version": self._weights_version(),
+                         "policy": self.policy.name})
+
     # ---- episodes ----
 
     def _open_episode(self, episode_id: str) -> _Episode:
@@ -384,3 +450,10 @@ class PolicyServer:
                             if not e.running and e.last_active < idle]:
                 await self._expire(episode, f"idle for more than episode_ttl_s="
                                             f"{self.episode_ttl_s:g} s without being ended")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost may resolve anywhere
+        return False
