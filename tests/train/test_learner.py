@@ -183,10 +183,11 @@ async def test_publish_bumps_the_engine_version_and_changes_its_samples(
     trajs = fixed_completions(tiny_model_dir)
     samples = samples_from(trajs, advantages=group_advantages(trajs))
     learner.step(samples)
-    assert await asyncio.to_thread(learner.publish, engine) == 1
-    assert engine.weights_version == 1
+    learner.step(samples)  # the engine takes the learner's version, not its own + 1
+    assert await asyncio.to_thread(learner.publish, engine) == 2
+    assert engine.weights_version == 2
     after = await engine.generate(request)
-    assert after.weights_version == 1
+    assert after.weights_version == 2
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     sample = Sample(tuple(after.prompt_token_ids + after.completion_token_ids),
                     (0,) * len(after.prompt_token_ids) + (1,) * len(after.completion_token_ids),
@@ -199,6 +200,7 @@ async def test_publish_bumps_the_engine_version_and_changes_its_samples(
     again = await engine.generate(request)
     assert again.completion_token_ids == after.completion_token_ids
     assert again.logprobs == pytest.approx(after.logprobs, abs=1e-6)
+    assert again.weights_version == 2 and learner.publish(engine) == 3
 
 
 def test_save_and_load_resume_with_the_same_version_and_optimizer(tiny_model_dir: Path,
@@ -282,6 +284,8 @@ def test_bad_config_values_name_the_field(field: str, value: object) -> None:
 def test_bad_model_or_device_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot load a causal LM"):
         Learner(tmp_path)
+    with pytest.raises(ConfigError, match="no model directory at"):
+        Learner(tmp_path / "org" / "model")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device 'cuda'"):
             Learner(tiny_model_dir, LearnerConfig(device="cuda"))
@@ -290,5 +294,19 @@ def test_bad_model_or_device_is_refused(tiny_model_dir: Path, tmp_path: Path) ->
     learner = Learner(tiny_model_dir)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         learner.step([Sample((1, 99_999), (0, 1), (0.0, 0.0), (0, 0), 1.0)])
+    with pytest.raises(ValueError, match="more than the model's 2048 positions"):
+        learner.step([Sample((1,) * 2049, (0,) + (1,) * 2048, (0.0,) * 2049, (0,) * 2049, 1.0)])
     with pytest.raises(ValueError, match="no samples"):
         learner.step([])
+    assert learner.version == 0
+
+
+def test_bfloat16_autocast_keeps_float32_weights(tiny_model_dir: Path) -> None:
+    exact = Learner(tiny_model_dir, LearnerConfig(lr=1e-3))
+    fast = Learner(tiny_model_dir, LearnerConfig(lr=1e-3, dtype="bfloat16"))
+    samples = batch(0)
+    for a, b in zip(exact.logprobs(samples), fast.logprobs(samples), strict=True):
+        assert a == pytest.approx(b, abs=0.1) and a != pytest.approx(b, abs=1e-6)
+    stats = fast.step(samples)
+    assert math.isfinite(stats.loss) and stats.version == 1
+    assert all(p.dtype == torch.float32 for p in fast.model.parameters())

@@ -90,7 +90,7 @@ class LearnerConfig(BaseModel):
     temperature: float = Field(default=1.0, gt=0)
     """The sampling temperature: log-probs are of softmax(logits / temperature), as the engine
     recorded them. Use 1.0 for greedy samples (the engine records untempered log-probs)."""
-    micro_batch_tokens: int = Field(default=8192, ge=1)
+    micro_batch_tokens: int = Field(default=4096, ge=1)
     """Padded tokens per forward pass (gradient accumulation beyond); a longer sample goes
     alone. Bounds activation memory, not the result."""
     mini_batches: int = Field(default=1, ge=1)
@@ -184,6 +184,7 @@ class Learner:
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self._vocab = int(self.model.get_input_embeddings().num_embeddings)
+        self._context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         # transformers >= 4.50 projects only chosen positions onto the vocabulary.
         self._logits_to_keep = "logits_to_keep" in inspect.signature(
             self.model.forward).parameters
@@ -194,6 +195,9 @@ class Learner:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # loads and saves in a loop
+        if not self.model_path.is_dir():  # else transformers takes it for a hub repo id
+            raise ConfigError(f"no model directory at {self.model_path}; give a directory "
+                              "written by save_pretrained (nothing is downloaded)")
         try:
             model: Any = AutoModelForCausalLM.from_pretrained(  # Any: its .to() is mistyped
                 self.model_path, local_files_only=True, dtype=torch.float32)
@@ -353,6 +357,10 @@ class Learner:
                 raise ValueError(f"sample {s.trajectory_id!r} has token ids outside the "
                                  f"model's vocabulary [0, {self._vocab}); was it sampled by "
                                  "another model?")
+            if self._context and len(s.ids) > self._context:
+                raise ValueError(f"sample {s.trajectory_id!r} has {len(s.ids)} tokens, more "
+                                 f"than the model's {self._context} positions; cap episodes' "
+                                 "tokens below it")
 
     # -- weights out -----------------------------------------------------------------------
 
