@@ -1,12 +1,12 @@
 """``PolicyServer``: any Policy behind an OpenAI-compatible API that records every completion,
-token for token, as trajectory data (``tempering serve``). ``policy.http`` is the transport;
-this module is the endpoints and the episodes.
+token for token, as trajectory data (``tempering serve``). ``policy.http`` is the transport,
+``policy.episodes`` the record of each episode (continuation, steps, journaling, ends, idle
+expiry); this module is the endpoints.
 
 Episodes. A request belongs to the episode its ``X-Tempering-Episode`` header names, else
-``tempering.episode_id``, else ``user`` (else a fresh one). The server keeps each episode's
-last request, the reply and their tokens; a request that continues them (same messages, the
-reply, then new tool or user messages) has the policy extend those tokens with only the new
-messages (``prefix_token_ids``), which become the last step's ``observation``; a rewritten
+``tempering.episode_id``, else ``user`` (else a fresh one). A request that continues the
+episode's last turn (same messages, the reply, then new tool or user messages) has the policy
+extend that turn's tokens with only the new messages (``prefix_token_ids``); a rewritten
 history is rendered afresh. Only the server's own tokens are trusted: a client's
 ``tempering.prefix_token_ids`` must agree with them.
 
@@ -20,68 +20,37 @@ save_pretrained directory or .safetensors file on the server's machine (in a thr
 for the completions in flight), never to an older version; ``GET /v1/weights`` reads it. Off
 loopback, the endpoint is refused unless ``allow_weight_updates``: it makes the server load files.
 
-Ends and journaling. ``POST /v1/episodes/{id}/end`` hands the ``Trajectory`` to the
-``recorder`` and ``on_trajectory``; idle episodes (``episode_ttl_s``) and those open at
-``close()`` go the same way as ``infra_error``. A ``recorder`` (``agent.episode.Recorder``, e.g.
-``TrajectoryStore``) also journals each episode as it happens, so a server killed outright
-leaves it behind: ``begin`` on first sight, ``record_step`` once a step is final (the next
-turn brought its observation, or rewrote the history so none will come), ``append`` at the
-end. Journals are append-only, so the last completion, whose observation is still out, is not
-journaled: a crash loses it, never records it twice.
+Ends. ``POST /v1/episodes/{id}/end`` hands the ``Trajectory`` to the ``recorder`` and
+``on_trajectory``; idle episodes (``episode_ttl_s``) and those open at ``close()`` go the same
+way as ``infra_error``. A ``recorder`` also journals each episode as it happens, so a server
+killed outright leaves it behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import ipaddress
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tempering.errors import PolicyError
-from tempering.policy.base import GenerateRequest, Generation, Message, Policy
+from tempering.policy.base import GenerateRequest, Policy
+from tempering.policy.episodes import EndRequest, EpisodeBook, OnTrajectory, ServedEpisode
 from tempering.policy.http import HTTPError, HTTPServer, Request, Response, Router
 from tempering.policy.openai import ChatRequest, TemperingExtension, completion_response
-from tempering.reward.result import RewardResult
-from tempering.trajectory.schema import (
-    EpisodeHeader,
-    FinishReason,
-    Status,
-    Step,
-    Trajectory,
-    new_id,
-)
+from tempering.trajectory.schema import new_id
 
 if TYPE_CHECKING:
     from tempering.agent.episode import Recorder  # the agent package pulls in sandboxes
 
+__all__ = ["EndRequest", "OnTrajectory", "PolicyServer", "WeightsRequest"]
+
 log = logging.getLogger(__name__)
-
-OnTrajectory = Callable[[Trajectory], Awaitable[object] | object]
-
-
-class EndRequest(BaseModel):
-    """The body of ``POST /v1/episodes/{id}/end`` (all optional)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reward: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
-    """The episode's reward, recorded as ``RewardResult(components={"external": reward})``."""
-    task_id: str = ""
-    status: Status = Status.OK
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    run_id: str = ""
-    group_id: str = ""
-    sample_index: int = 0
 
 
 class WeightsRequest(BaseModel):
@@ -96,55 +65,6 @@ class WeightsRequest(BaseModel):
     """The version the new weights become; never below the one served."""
 
 
-@dataclass
-class _Episode:
-    id: str
-    system_prompt: str = ""
-    instruction: str = ""
-    tools: str = ""
-    trajectory_id: str = field(default_factory=new_id)  # the journal's and the trajectory's
-    started_at: float = field(default_factory=time.time)
-    last_active: float = field(default_factory=time.monotonic)
-    running: list[tuple[list[Message], asyncio.Event]] = field(default_factory=list)
-    """The requests sampling now, by their messages (a retry waits for its original)."""
-    steps: list[Step] = field(default_factory=list)
-    begun: bool = False
-    journaled: int = 0  # how many of the steps the recorder has (they are final)
-    appended: bool = False
-    messages: list[Message] = field(default_factory=list)
-    """The last answered request's messages; ``fingerprint`` its other fields."""
-    fingerprint: bytes = b""
-    answer: Response | None = None
-    reply: Generation | None = None
-    tokens: list[int] = field(default_factory=list)
-    """The last turn's prompt + completion tokens (empty when the policy gave none)."""
-
-    def continuation(self, messages: list[Message]) -> tuple[int, str] | None:
-        """``(messages the last turn's tokens render, the new messages' text)`` when
-        ``messages`` continue the last turn; None when the history was rewritten."""
-        k = len(self.messages)
-        if (self.reply is None or len(messages) <= k or messages[:k] != self.messages
-                or not _is_reply(messages[k], self.reply)):
-            return None
-        return k + 1, "\n".join(m.content for m in messages[k + 1:] if m.role in ("tool", "user"))
-
-
-def _canonical(arguments: str) -> str:
-    try:
-        return json.dumps(json.loads(arguments), sort_keys=True)
-    except ValueError:
-        return arguments
-
-
-def _is_reply(message: Message, reply: Generation) -> bool:
-    """Whether ``message`` is the reply as a client sends it back: the same calls, and the text
-    as answered (the content outside calls) or as written (with the markup)."""
-    return (message.role == "assistant"
-            and [(c.name, _canonical(c.arguments)) for c in message.tool_calls]
-            == [(c.name, _canonical(c.arguments)) for c in reply.tool_calls]
-            and message.content.strip() in (reply.text.strip(), reply.content.strip()))
-
-
 class PolicyServer:
     """Serves ``policy`` at ``http://{host}:{port}/v1``; ``port=0`` picks a free port."""
 
@@ -155,12 +75,8 @@ class PolicyServer:
                  allow_weight_updates: bool | None = None) -> None:
         self.policy = policy
         self.model_name = model_name or policy.name
-        self.on_trajectory = on_trajectory
-        """Called with each ended episode's Trajectory (awaited if it returns an awaitable)."""
-        self.recorder = recorder
-        """Journals episodes as they happen and stores them at their end (``append`` runs in
-        a worker thread: it may fsync). Thread-safe, as ``TrajectoryStore`` is."""
-        self.episode_ttl_s = episode_ttl_s
+        self._episodes = EpisodeBook(policy, recorder=recorder, on_trajectory=on_trajectory,
+                                     ttl_s=episode_ttl_s)
         self.allow_weight_updates = (_is_loopback(host) if allow_weight_updates is None
                                      else allow_weight_updates)
         """Whether ``POST /v1/weights`` loads weights (default: only when listening on loopback,
@@ -177,9 +93,35 @@ class PolicyServer:
         router.add("POST", "/v1/weights", self._update_weights)
         self.http = HTTPServer(router, host=host, port=port, max_body_bytes=max_body_bytes,
                                keepalive_s=keepalive_s)
-        self._episodes: dict[str, _Episode] = {}
-        self._sweeper: asyncio.Task[None] | None = None
         self._created = int(time.time())
+
+    @property
+    def on_trajectory(self) -> OnTrajectory | None:
+        """Called with each ended episode's Trajectory (awaited if it returns an awaitable)."""
+        return self._episodes.on_trajectory
+
+    @on_trajectory.setter
+    def on_trajectory(self, value: OnTrajectory | None) -> None:
+        self._episodes.on_trajectory = value
+
+    @property
+    def recorder(self) -> Recorder | None:
+        """Journals episodes as they happen and stores them at their end (``append`` runs in
+        a worker thread: it may fsync). Thread-safe, as ``TrajectoryStore`` is."""
+        return self._episodes.recorder
+
+    @recorder.setter
+    def recorder(self, value: Recorder | None) -> None:
+        self._episodes.recorder = value
+
+    @property
+    def episode_ttl_s(self) -> float:
+        """Seconds an episode may sit idle before it is handed over as ``infra_error``."""
+        return self._episodes.ttl_s
+
+    @episode_ttl_s.setter
+    def episode_ttl_s(self, value: float) -> None:
+        self._episodes.ttl_s = value
 
     @property
     def port(self) -> int:
@@ -192,17 +134,14 @@ class PolicyServer:
 
     async def start(self) -> None:
         await self.http.start()
-        self._sweeper = asyncio.create_task(self._sweep())
+        self._episodes.start_sweeping()
 
     async def close(self) -> None:
         """Stop serving; episodes still open are handed over as ``infra_error``."""
-        if self._sweeper is None:
+        if not self._episodes.stop_sweeping():
             return
-        self._sweeper.cancel()
-        self._sweeper = None
         await self.http.close()
-        for episode in list(self._episodes.values()):
-            await self._expire(episode, "the server closed before the episode ended")
+        await self._episodes.expire_all("the server closed before the episode ended")
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -243,7 +182,8 @@ class PolicyServer:
         fingerprint = hashlib.blake2b(req.model_dump_json(exclude={"messages"}).encode(),
                                       digest_size=16).digest()
         while True:  # a retry of a request still sampling waits for its answer
-            episode = self._episodes.get(episode_id) or self._begin(episode_id, req, messages)
+            episode = (self._episodes.get(episode_id)
+                       or self._episodes.begin(episode_id, messages, req.tools))
             running = next((done for m, done in episode.running if m == messages), None)
             if running is None:
                 break
@@ -290,8 +230,8 @@ class PolicyServer:
             raise HTTPError(500, f"the policy {self.policy.name} claims to reuse "
                             f"{gen.prompt_reused} tokens of a {len(prefix)}-token prefix")
         prompt = prefix[:gen.prompt_reused] + gen.prompt_token_ids
-        self._record(episode, messages, gen, prompt, continued[1] if continued else None,
-                     policy_s)
+        self._episodes.record(episode, messages, gen, prompt,
+                              continued[1] if continued else None, policy_s)
         answer = completion_response(gen, model=self.model_name, prompt=prompt,
                                      logprobs=req.logprobs)
         answer["tempering"] = {"weights_version": gen.weights_version, "episode_id": episode_id,
@@ -308,12 +248,10 @@ class PolicyServer:
         if episode.running:
             raise HTTPError(409, f"episode {episode.id!r} has a completion running; end it "
                             "after the answer")
-        trajectory = self._trajectory(episode, end)
-        del self._episodes[episode.id]
+        trajectory = self._episodes.trajectory(episode, end)
         try:
-            await self._hand_over(episode, trajectory)
-        except Exception as exc:  # keep the episode: the client may end it again
-            self._episodes[episode.id] = episode
+            await self._episodes.end(episode, trajectory)
+        except Exception as exc:  # the book keeps the episode: the client may end it again
             log.exception("storing episode %s failed", episode.id)
             raise HTTPError(500, f"storing the trajectory failed ({type(exc).__name__}: {exc});"
                             " the episode is kept, end it again") from exc
@@ -334,7 +272,8 @@ class PolicyServer:
         if not self.allow_weight_updates:
             raise HTTPError(403, f"this server listens on {self.http.host}, beyond loopback, so "
                             "it loads no weights from a path; serve on 127.0.0.1 or pass "
-                            "allow_weight_updates=True on a trusted network")
+                            "allow_weight_updates=True (tempering serve "
+                            "--allow-weight-updates) on a trusted network")
         body = request.json(WeightsRequest)
         update = getattr(self.policy, "update_weights", None)
         if not callable(update):
@@ -361,95 +300,12 @@ class PolicyServer:
 
     # ---- episodes ----
 
-    def _open_episode(self, episode_id: str) -> _Episode:
+    def _open_episode(self, episode_id: str) -> ServedEpisode:
         episode = self._episodes.get(episode_id)
         if episode is None:
             raise HTTPError(404, f"no open episode {episode_id!r}: never seen, already ended, "
                             f"or idle for more than episode_ttl_s={self.episode_ttl_s:g} s")
         return episode
-
-    def _begin(self, episode_id: str, req: ChatRequest, messages: list[Message]) -> _Episode:
-        episode = self._episodes[episode_id] = _Episode(
-            episode_id, tools=json.dumps(req.tools) if req.tools else "",
-            system_prompt=next((m.content for m in messages if m.role == "system"), ""),
-            instruction=next((m.content for m in messages if m.role == "user"), ""))
-        self._journal(episode)
-        return episode
-
-    def _record(self, episode: _Episode, messages: list[Message], gen: Generation,
-                prompt: list[int], observation: str | None, policy_s: float) -> None:
-        if observation is not None and episode.steps:
-            episode.steps[-1] = episode.steps[-1].model_copy(update={"observation": observation})
-        self._journal(episode)  # this turn continued or replaced them: the steps are final
-        call = gen.tool_calls[0] if gen.tool_calls else None
-        episode.steps.append(Step(
-            index=len(episode.steps), text=gen.text,
-            action=call.name if call else "invalid" if gen.tool_call_error else "message",
-            tool_call_id=call.id if call else "", arguments=call.arguments if call else "",
-            error=gen.tool_call_error, policy_s=policy_s, prompt_reused=gen.prompt_reused,
-            prompt_token_ids=gen.prompt_token_ids, completion_token_ids=gen.completion_token_ids,
-            logprobs=gen.logprobs, loss_mask=[1] * len(gen.completion_token_ids),
-            weights_version=gen.weights_version))
-        episode.messages, episode.reply = messages, gen
-        episode.tokens = prompt + gen.completion_token_ids if gen.completion_token_ids else []
-
-    def _journal(self, episode: _Episode) -> None:
-        """Begin the episode's journal if not yet, and journal its final steps not yet there.
-        A failure costs crash safety, not the completion: the steps stay here for the end, and
-        the next turn tries again."""
-        if self.recorder is None:
-            return
-        try:
-            if not episode.begun:
-                self.recorder.begin(episode.trajectory_id, EpisodeHeader(
-                    task_id="", policy=self.policy.name, started_at=episode.started_at,
-                    system_prompt=episode.system_prompt, instruction=episode.instruction,
-                    tools=episode.tools))
-                episode.begun = True
-            for step in episode.steps[episode.journaled:]:
-                self.recorder.record_step(episode.trajectory_id, step)
-                episode.journaled += 1
-        except Exception:
-            log.exception("journaling episode %s failed; it is kept in memory until its end",
-                          episode.id)
-
-    def _trajectory(self, episode: _Episode, end: EndRequest) -> Trajectory:
-        reward = None if end.reward is None else RewardResult(
-            reward=end.reward, components={"external": end.reward}, tests_passed=0,
-            tests_total=0, flags=[])
-        return Trajectory(
-            **end.model_dump(exclude={"reward", "finish_reason"}), reward=reward,
-            finish_reason=end.finish_reason or ("error" if end.status.infra else "submit"),
-            trajectory_id=episode.trajectory_id, policy=self.policy.name, steps=episode.steps,
-            system_prompt=episode.system_prompt, instruction=episode.instruction,
-            tools=episode.tools, started_at=episode.started_at,
-            duration_s=time.time() - episode.started_at)
-
-    async def _hand_over(self, episode: _Episode, trajectory: Trajectory) -> None:
-        if self.recorder is not None and not episode.appended:
-            await asyncio.to_thread(self.recorder.append, trajectory)
-            episode.appended = True  # ending again after on_trajectory failed: not twice
-        if self.on_trajectory is not None:
-            result = self.on_trajectory(trajectory)
-            if inspect.isawaitable(result):
-                await result
-
-    async def _expire(self, episode: _Episode, why: str) -> None:
-        self._episodes.pop(episode.id, None)
-        try:
-            await self._hand_over(episode, self._trajectory(episode, EndRequest(
-                status=Status.INFRA_ERROR, error=f"PolicyServer: {why}")))
-        except Exception:  # with a recorder, its journal still holds the episode
-            log.exception("storing expired episode %s failed", episode.id)
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.05, min(self.episode_ttl_s / 4, 30.0)))
-            idle = time.monotonic() - self.episode_ttl_s
-            for episode in [e for e in self._episodes.values()
-                            if not e.running and e.last_active < idle]:
-                await self._expire(episode, f"idle for more than episode_ttl_s="
-                                            f"{self.episode_ttl_s:g} s without being ended")
 
 
 def _is_loopback(host: str) -> bool:
