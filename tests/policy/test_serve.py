@@ -306,6 +306,37 @@ def test_tempering_serve_records_episodes_into_the_run_dir(tiny_model_dir: Path,
     assert stored[1].steps[0].completion_token_ids == answer.json()["choices"][0]["token_ids"]
 
 
+def test_tempering_serve_allow_weight_updates_loads_weights_beyond_loopback(
+        tiny_model_dir: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    # On 0.0.0.0 the server refuses POST /v1/weights unless told otherwise by the flag.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
+         "--host", "0.0.0.0", "--port", "0", "--allow-weight-updates"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://0.0.0.0:"), proc.stderr
+        with httpx.Client(base_url=url.replace("0.0.0.0", "127.0.0.1"), timeout=60) as http:
+            before = http.get("/weights").json()
+            assert before["updatable"] is True and before["weights_version"] == 0
+            loaded = http.post("/weights", json={"path": str(tiny_model_dir), "version": 1})
+            assert loaded.status_code == 200, loaded.text
+            assert loaded.json()["weights_version"] == 1
+            answer = http.post("/chat/completions", json=chat(max_tokens=2))
+            assert answer.headers["x-weights-version"] == "1"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
 # ---- retries: the recorded answer, replayed ----
 
 class SlowChars(CharPolicy):

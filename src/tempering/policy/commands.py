@@ -6,6 +6,8 @@ cache with ``--tiny``); the server is ``PolicyServer``. With ``--run-dir`` the r
 appended when it ends, so ``tempering traj`` reads it like a rollout, and a server killed
 outright leaves its open episodes as ``infra_error`` trajectories, recovered when a
 ``TrajectoryStore`` is next opened on the run (the next ``tempering serve --run-dir`` does).
+``POST /v1/weights`` loads files named by the client, so beyond loopback it takes
+``--allow-weight-updates``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         server = PolicyServer(policy, host=args.host, port=args.port,
-                              model_name=args.served_model_name,
-                              recorder=store)
+                              model_name=args.served_model_name, recorder=store,
+                              allow_weight_updates=args.allow_weight_updates)
         try:
             await server.start()
         except OSError as exc:
@@ -85,7 +87,8 @@ Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (not streamed;
 adds prompt_token_ids, choices[0].token_ids and a `tempering` object with weights_version and
 prompt_reused), GET /v1/episodes/ID (the steps recorded so far) and POST /v1/episodes/ID/end
 (optional reward, task_id, status). A request's episode is its X-Tempering-Episode header, else
-tempering.episode_id, else user. Prints the base URL on stdout; see docs/policy.md.
+tempering.episode_id, else user. GET/POST /v1/weights read and load weights versions
+(--allow-weight-updates beyond loopback). Prints the base URL on stdout; see docs/policy.md.
 """
 
 
@@ -110,6 +113,11 @@ def add_policy_commands(commands: Any) -> None:
                        help="journal each episode into this run's trajectory store as it "
                             "happens and store it when it ends (default: episodes are not "
                             "kept after they end)")
+    serve.add_argument("--allow-weight-updates", action="store_true", default=None,
+                       help="accept POST /v1/weights (load a checkpoint from a path on this "
+                            "machine as a new weights version) even when --host is beyond "
+                            "loopback; only on a trusted network (default: accepted on "
+                            "loopback only)")
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model name /v1/models reports (default: local:<directory>)")
     serve.add_argument("--device", default="cpu",
