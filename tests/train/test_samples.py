@@ -70,3 +70,13 @@ def test_bad_samples_are_refused_with_the_reason() -> None:
         Sample((1, 2), (1, 1), (0.0, 0.0), (0, 0), 1.0)
     with pytest.raises(ValueError, match="advantage nan"):
         Sample((1, 2), (0, 1), (0.0, 0.0), (0, 0), math.nan)
+
+
+def test_pack_bounds_padded_tokens_longest_first() -> None:
+    from tempering.train.samples import pack
+
+    lengths = [10, 50, 20, 200, 45, 5]
+    groups = pack(lengths, 100)
+    assert groups == [[3], [1, 4], [2, 0, 5]]  # 200 alone; 2 x 50; 3 x 20
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert all(len(g) * max(lengths[i] for i in g) <= 100 for g in groups if len(g) > 1)

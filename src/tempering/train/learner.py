@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tempering.errors import ConfigError
-from tempering.train.samples import Sample, group_advantages, samples_from
+from tempering.train.samples import Batch, Sample, collate, group_advantages, pack, samples_from
 from tempering.trajectory.schema import Trajectory
 
 if TYPE_CHECKING:
@@ -148,16 +148,6 @@ class WeightsSink(Protocol):
                        /) -> int: ...
 
 
-@dataclass
-class _Batch:
-    ids: torch.Tensor  # (B, T) long, right-padded with 0
-    attention: torch.Tensor  # (B, T) long
-    mask: torch.Tensor  # (B, T) bool: trained tokens
-    behav: torch.Tensor  # (B, T) float32, NaN where unknown
-    advantages: torch.Tensor  # (B,)
-    prox: torch.Tensor | None  # (B, T) float32
-
-
 class Learner:
     """Trains a causal LM on ``Sample``s; one ``step`` is one new weights version."""
 
@@ -236,8 +226,8 @@ class Learner:
             denominator = float(max(1, sum(s.tokens for s in chosen)) if cfg.loss_agg ==
                                 "token-mean" else max(1, sum(s.tokens > 0 for s in chosen)))
             for group in pack([len(s.ids) for s in chosen], cfg.micro_batch_tokens):
-                batch = self._collate([chosen[j] for j in group],
-                                      None if prox is None else [prox[mini[j]] for j in group])
+                batch = collate([chosen[j] for j in group], self.device,
+                                None if prox is None else [prox[mini[j]] for j in group])
                 logprobs = self._forward(self.model, batch)  # (B, T)
                 prox_lp = logprobs.detach() if batch.prox is None else batch.prox
                 behav = torch.where(batch.behav.isnan(), prox_lp, batch.behav)
@@ -298,13 +288,13 @@ class Learner:
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         with torch.no_grad():
             for group in pack([len(s.ids) for s in samples], self.config.micro_batch_tokens):
-                batch = self._collate([samples[i] for i in group], None)
+                batch = collate([samples[i] for i in group], self.device)
                 logprobs = torch.where(batch.mask, self._forward(self.model, batch), 0.0)
                 for row, i in enumerate(group):
                     out[i] = logprobs[row, :len(samples[i].ids)]
         return out
 
-    def _forward(self, model: Any, batch: _Batch) -> torch.Tensor:
+    def _forward(self, model: Any, batch: Batch) -> torch.Tensor:
         """Log-probs (B, T) of the batch's tokens; 0 where the next token is not trained."""
         import torch
 
@@ -324,30 +314,6 @@ class Learner:
                                  self.config.temperature)  # (B, K)
         out = torch.zeros(batch.ids.shape, dtype=picked.dtype, device=picked.device)
         return out.index_copy(1, keep + 1, picked)  # (B, T), differentiable in picked
-
-    def _collate(self, chosen: Sequence[Sample], prox: list[torch.Tensor] | None) -> _Batch:
-        import torch
-
-        width = max(len(s.ids) for s in chosen)
-        shape = (len(chosen), width)
-        ids = torch.zeros(shape, dtype=torch.long)  # pad id 0: masked by attention and loss
-        attention = torch.zeros(shape, dtype=torch.long)
-        mask = torch.zeros(shape, dtype=torch.bool)
-        behav = torch.zeros(shape, dtype=torch.float32)
-        for row, s in enumerate(chosen):
-            n = len(s.ids)
-            ids[row, :n] = torch.tensor(s.ids)
-            attention[row, :n] = 1
-            mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-            behav[row, :n] = torch.tensor(s.logprobs)
-        padded = None
-        if prox is not None:
-            padded = torch.zeros(shape, dtype=torch.float32, device=self.device)
-            for row, p in enumerate(prox):
-                padded[row, :len(p)] = p
-        to = self.device
-        return _Batch(ids.to(to), attention.to(to), mask.to(to), behav.to(to),
-                      torch.tensor([s.advantage for s in chosen], device=to), padded)
 
     def _check(self, samples: Sequence[Sample]) -> None:
         if not samples:
@@ -394,12 +360,12 @@ class Learner:
             (tmp / STATE_FILE).write_text(json.dumps({
                 "version": self.version, "base_model": str(self.model_path),
                 "config": self.config.model_dump(mode="json")}, indent=2) + "\n")
-            _fsync_tree(tmp)
+            _fsync(*(f for f in tmp.iterdir() if f.is_file()), tmp)
             if out.exists():
                 shutil.rmtree(old, ignore_errors=True)
                 os.rename(out, old)
             os.rename(tmp, out)
-            _fsync_dir(out.parent)
+            _fsync(out.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
@@ -434,33 +400,11 @@ class Learner:
         self.version = int(state["version"])
 
 
-def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped so that rows x longest row <= ``max_tokens`` (a longer one alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        # Longest first: the first row of a group is its widest.
-        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= max_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def _fsync_tree(root: Path) -> None:
-    for f in root.iterdir():
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _fsync(*paths: Path) -> None:
+    """Flush files and directories to disk (a rename is durable once its directory is)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -20,16 +20,24 @@ the same tokens the policy saw, at the cost of encoding shared prefixes once per
 
 A token whose step recorded no log-probs (an engine that returns none) gets NaN as its behaviour
 log-prob; the learner then uses π_prox for it (importance weight 1: no staleness correction).
+
+``pack`` and ``collate`` lay samples out for the learner's forward passes: micro-batches of at
+most a given number of padded tokens, longest first so that rows of one micro-batch have similar
+lengths, right-padded with an attention mask. Torch is imported only by ``collate``.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tempering.trajectory.schema import Step, Trajectory
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -147,3 +155,53 @@ def samples_from(trajectories: Iterable[Trajectory], *,
 def _behaviour(step: Step) -> list[float]:
     """The completion's behaviour log-probs as recorded, NaN for each token if none were."""
     return step.logprobs or [math.nan] * len(step.completion_token_ids)
+
+
+def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped so that rows x longest row <= ``max_tokens`` (a longer one alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        # Longest first: the first row of a group is its widest.
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Samples as right-padded tensors on one device."""
+
+    ids: torch.Tensor  # (B, T) long, padded with 0
+    attention: torch.Tensor  # (B, T) long
+    mask: torch.Tensor  # (B, T) bool: trained tokens
+    behav: torch.Tensor  # (B, T) float32 behaviour log-probs, NaN where unknown
+    advantages: torch.Tensor  # (B,)
+    prox: torch.Tensor | None  # (B, T) float32 π_prox log-probs, if computed beforehand
+
+
+def collate(chosen: Sequence[Sample], device: torch.device,
+            prox: Sequence[torch.Tensor] | None = None) -> Batch:
+    """``chosen`` as one ``Batch``; ``prox`` holds one (T_i,) tensor per sample if given."""
+    import torch
+
+    shape = (len(chosen), max(len(s.ids) for s in chosen))
+    ids = torch.zeros(shape, dtype=torch.long)  # pad id 0: masked by attention and loss
+    attention = torch.zeros(shape, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    behav = torch.zeros(shape, dtype=torch.float32)
+    for row, s in enumerate(chosen):
+        n = len(s.ids)
+        ids[row, :n] = torch.tensor(s.ids)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        behav[row, :n] = torch.tensor(s.logprobs)
+    padded = None
+    if prox is not None:
+        padded = torch.zeros(shape, dtype=torch.float32, device=device)
+        for row, p in enumerate(prox):
+            padded[row, :len(p)] = p
+    return Batch(ids.to(device), attention.to(device), mask.to(device), behav.to(device),
+                 torch.tensor([s.advantage for s in chosen], device=device), padded)
