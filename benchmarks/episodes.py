@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from figures import Figure, Section, console, report, run_benchmark
+from figures import Figure, benchmark_main, console, report
 
 from tempering.agent import EpisodeConfig
 from tempering.agent.episode import Episode
@@ -225,19 +223,8 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], Awaitable[list[Figure]]]] = {
     "overhead": overhead, "store": store_throughput, "query": query_latency, "engine": engine}
 
 
-def machine() -> dict[str, object]:
-    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "load_1m": os.getloadavg()[0]}
-
-
-def sections(args: argparse.Namespace) -> dict[str, Section]:
-    return {name: (lambda f=f: f(args)) for name, f in SECTIONS.items()}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs")
-    run_benchmark(parser, list(SECTIONS), "episodes", sections, machine)
+    benchmark_main(__doc__ or "", SECTIONS, "episodes", quick_help="fewer runs")
 
 
 if __name__ == "__main__":

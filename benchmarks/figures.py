@@ -138,3 +138,23 @@ async def _run(args: argparse.Namespace, title: str, sections: dict[str, Section
                                          if crashed else ""))
     return {"machine": info, "quick": args.quick, "total_s": total, "load_1m_end": load,
             "crashed": crashed, "figures": [asdict(f) | {"ratio": f.ratio} for f in figures]}
+
+
+def basic_machine() -> dict[str, object]:
+    """What every figure depends on: kernel, cores, Python, and the load when the run began."""
+    import platform
+
+    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "load_1m": os.getloadavg()[0]}
+
+
+def benchmark_main(doc: str, sections: dict[str, Callable[[argparse.Namespace],
+                                                          Awaitable[list[Figure]]]],
+                   title: str, *, quick_help: str = "fewer runs",
+                   machine: Callable[[], dict[str, object]] = basic_machine) -> None:
+    """The command line of a benchmark script whose sections take the parsed arguments."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    run_benchmark(parser, list(sections), title,
+                  lambda args: {name: (lambda f=f: f(args)) for name, f in sections.items()},
+                  machine)

@@ -51,8 +51,6 @@ import argparse
 import asyncio
 import gc
 import math
-import os
-import platform
 import random
 import statistics
 import time
@@ -60,7 +58,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from figures import Figure, Section, console, percentile, report, run_benchmark
+from figures import Figure, benchmark_main, console, percentile, report
 
 from tempering.scheduler import (
     GroupHandle,
@@ -370,19 +368,8 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], Awaitable[list[Figure]]]] = {
     "tail": tail, "overhead": overhead, "submit": submit}
 
 
-def machine() -> dict[str, object]:
-    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "load_1m": os.getloadavg()[0]}
-
-
-def sections(args: argparse.Namespace) -> dict[str, Section]:
-    return {name: (lambda f=f: f(args)) for name, f in SECTIONS.items()}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer batches and rounds")
-    run_benchmark(parser, list(SECTIONS), "scheduler", sections, machine)
+    benchmark_main(__doc__ or "", SECTIONS, "scheduler", quick_help="fewer batches and rounds")
 
 
 if __name__ == "__main__":
