@@ -106,11 +106,11 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
         loss = -(logprobs * mask).sum() / mask.sum()
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         if progress is not None:
             progress(step, float(loss.detach()))
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
