@@ -33,6 +33,9 @@ other threads or processes (Ray workers) hand groups to the loop's owner, e.g. t
 ``loop.call_soon_threadsafe``. Waiters are futures resolved by the synchronous methods, so
 ``put`` and ``set_version`` can be called from plain code on the loop, and nothing needs a loop
 at construction.
+
+The frozen results it hands out (``Batch``, ``BufferStats``) live in ``tempering.train.batches``
+and are re-exported here.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tempering.errors import ConfigError
+from tempering.train.batches import Batch, BufferStats
 from tempering.trajectory.filters import Filter, FilterOptions, Pipeline, build_pipeline
 from tempering.trajectory.schema import Trajectory
 
@@ -64,67 +68,6 @@ def sample_version(traj: Trajectory, version_started: int) -> int:
     ``version_started`` when no step recorded tokens."""
     versions = [s.weights_version for s in traj.steps if s.completion_token_ids]
     return min(versions) if versions else version_started
-
-
-class Batch(BaseModel):
-    """What the learner trains on: whole groups, each sample with its version and age."""
-
-    model_config = ConfigDict(frozen=True)
-
-    version: int
-    """The learner's version when the batch was taken; ages are relative to it."""
-    groups: list[list[Trajectory]]
-    versions: list[list[int]]
-    """Per group, per trajectory: the sample's version (``sample_version``)."""
-    ages: list[list[int]]
-    """Per group, per trajectory: ``version`` minus the sample's version (never negative)."""
-    staleness_mean: float
-    staleness_max: int
-
-    @property
-    def trajectories(self) -> list[Trajectory]:
-        return [t for g in self.groups for t in g]
-
-    @property
-    def samples(self) -> int:
-        return sum(len(g) for g in self.groups)
-
-
-class BufferStats(BaseModel):
-    """A snapshot of the buffer's counters (``ReplayBuffer.stats``)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    version: int
-    max_staleness: int
-    batch_groups: int
-    admission_limit: int
-    """``(version + max_staleness + 1) * batch_groups``: ``started_groups`` stays below it."""
-    started_groups: int
-    """In flight + buffered + consumed: what the admission limit counts."""
-    in_flight_groups: int
-    """Admitted and not yet put or cancelled."""
-    buffered_groups: int
-    buffered_samples: int
-    admitted_groups: int
-    """Admissions ever granted (including those given back)."""
-    consumed_groups: int
-    consumed_samples: int
-    dropped: dict[str, int]
-    """Groups by reason: ``filtered`` (the filters kept nothing), ``stale`` (older than
-    ``max_staleness`` at put or before consumption), ``cancelled`` (admission given back)."""
-    filtered_samples: dict[str, int]
-    """Trajectories the filters dropped, by the filter's reason (also from groups that kept
-    some members)."""
-    staleness_histogram: dict[int, int]
-    """Age in versions -> consumed samples of that age."""
-    staleness_max_consumed: int | None
-    """The oldest sample ever handed to the learner (None before the first batch); never above
-    ``max_staleness``."""
-
-    @property
-    def stale_dropped(self) -> int:
-        return self.dropped["stale"]
 
 
 class _Entry(BaseModel):
