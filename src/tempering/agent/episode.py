@@ -23,7 +23,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tempering.agent.tools import TOOL_NAMES, Observation, ToolBox, tools_named
-from tempering.errors import SandboxTimeoutError, TemperingError
+from tempering.errors import SandboxTimeoutError
 from tempering.policy.base import GenerateRequest, Generation, Message, Policy, SamplingParams
 from tempering.reward.result import RewardResult
 from tempering.sandbox import Sandbox
@@ -101,6 +101,16 @@ class Ending:
     reason: FinishReason
     error: str | None = None
 
+    @classmethod
+    def failed(cls, exc: BaseException, reason: FinishReason = "error",
+               where: str = "") -> Ending:
+        """The ending an exception gives: a sandbox that stopped answering is the
+        environment's (``env_timeout``); anything else, a bug in the harness included, is
+        infrastructure (``infra_error``), never the model's fault."""
+        status = Status.ENV_TIMEOUT if isinstance(exc, SandboxTimeoutError) else \
+            Status.INFRA_ERROR
+        return cls(status, reason, f"{where}{type(exc).__name__}: {exc}")
+
 
 class Episode:
     """One agent episode in one sandbox (which the caller owns and closes).
@@ -147,15 +157,11 @@ class Episode:
         while self.ending is None and (until_turn is None or len(self.steps) < until_turn):
             try:
                 self.ending = await self._turn()
-            except SandboxTimeoutError as exc:
-                self.ending = Ending(Status.ENV_TIMEOUT, "error", _describe(exc))
             except asyncio.CancelledError:
                 self.ending = Ending(Status.INFRA_ERROR, "error", "cancelled mid-episode")
                 raise
-            except (TemperingError, MemoryError, OSError) as exc:
-                self.ending = Ending(Status.INFRA_ERROR, "error", _describe(exc))
-            except Exception as exc:  # a bug in the harness is still not the model's fault
-                self.ending = Ending(Status.INFRA_ERROR, "error", _describe(exc))
+            except Exception as exc:  # noqa: BLE001 - a failed rollout is data, attributed
+                self.ending = Ending.failed(exc)
         return self.ending
 
     async def _turn(self) -> Ending | None:
@@ -258,10 +264,8 @@ class Episode:
             t0 = time.perf_counter()
             try:
                 reward = await self._grade()
-            except SandboxTimeoutError as exc:
-                ending = Ending(Status.ENV_TIMEOUT, ending.reason, f"grading: {_describe(exc)}")
-            except Exception as exc:  # noqa: BLE001 - any failure to grade is infra, recorded
-                ending = Ending(Status.INFRA_ERROR, ending.reason, f"grading: {_describe(exc)}")
+            except Exception as exc:  # noqa: BLE001 - a failure to grade is recorded
+                ending = Ending.failed(exc, ending.reason, "grading: ")
             grade_s = time.perf_counter() - t0
             if reward is not None and reward.tampered:
                 ending = Ending(Status.TAMPERED, ending.reason, ending.error)
@@ -274,14 +278,9 @@ class Episode:
                    grade_s: float = 0.0) -> Trajectory:
         """The episode as it stands, ended by ``ending`` (not recorded)."""
         return Trajectory(
-            trajectory_id=self.trajectory_id, run_id=self.run_id, task_id=self.task.id,
-            group_id=self.group_id, sample_index=self.sample_index, parent_id=self.parent_id,
-            branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
-            system_prompt=self.config.system_prompt, instruction=self.task.instruction,
-            tools=json.dumps(self.tool_specs), steps=self.steps, status=ending.status,
-            finish_reason=ending.reason, error=ending.error, reward=reward,
-            started_at=self.started_at, duration_s=time.time() - self.started_at,
-            grade_s=grade_s)
+            **self._header().model_dump(), trajectory_id=self.trajectory_id, steps=self.steps,
+            status=ending.status, finish_reason=ending.reason, error=ending.error,
+            reward=reward, duration_s=time.time() - self.started_at, grade_s=grade_s)
 
     async def _grade(self) -> RewardResult:
         from tempering.reward import grade
@@ -303,7 +302,3 @@ class Episode:
             branch_step=self.branch_step, policy=getattr(self.policy, "name", "policy"),
             system_prompt=self.config.system_prompt, instruction=self.task.instruction,
             tools=json.dumps(self.tool_specs), started_at=self.started_at)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder, _describe
+from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder
+from tempering.agent.rollout import quietly
 from tempering.policy.base import Policy
 from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, ScriptedPolicyConfig
 from tempering.sandbox import Sandbox, open_sandbox
@@ -71,7 +72,8 @@ async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
         raise
     finally:
         if sandbox is not None:
-            await _close(episode, sandbox)
+            await quietly(episode.close())  # the trajectory is recorded already
+            await quietly(sandbox.close())
 
 
 async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grader: Any,
@@ -83,7 +85,7 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
         episode = Episode(task, policy, None, config=config, grader=grader, recorder=recorder,
                           run_id=run_id, group_id=group_id, sample_index=sample_index)
         episode.begin()
-        episode.ending = Ending(Status.INFRA_ERROR, "error", f"sandbox: {_describe(exc)}")
+        episode.ending = Ending.failed(exc, where="sandbox: ")
         return episode, None
     episode = Episode(task, policy, sandbox, config=config, grader=grader, recorder=recorder,
                       run_id=run_id, group_id=group_id, sample_index=sample_index)
@@ -91,16 +93,8 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
     try:
         await task.prepare(sandbox)
     except Exception as exc:  # noqa: BLE001
-        episode.ending = Ending(Status.INFRA_ERROR, "error", f"sandbox: {_describe(exc)}")
+        episode.ending = Ending.failed(exc, where="sandbox: ")
     return episode, sandbox
-
-
-async def _close(episode: Episode, sandbox: Sandbox) -> None:
-    try:
-        await episode.close()
-        await sandbox.close()
-    except Exception:  # noqa: BLE001, S110 - the trajectory is already recorded
-        pass
 
 
 def _task(ref: str) -> Task:

@@ -17,12 +17,11 @@ import asyncio
 import shlex
 from typing import Any
 
-from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder, _describe
-from tempering.errors import SandboxTimeoutError
+from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder
 from tempering.policy.base import Policy
 from tempering.sandbox import Sandbox, SandboxPool, open_sandbox
 from tempering.tasks.task import Task
-from tempering.trajectory.schema import Status, Trajectory, new_id
+from tempering.trajectory.schema import Trajectory, new_id
 
 
 async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | None = None,
@@ -51,10 +50,7 @@ async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | Non
                                   recorder=recorder, run_id=run_id, group_id=group_id,
                                   sample_index=sample_index, trajectory_id=trajectory_id)
             placeholder.begin()
-            status = Status.ENV_TIMEOUT if isinstance(exc, SandboxTimeoutError) else \
-                Status.INFRA_ERROR
-            return await placeholder.finish(Ending(status, "error",
-                                                   f"sandbox: {_describe(exc)}"))
+            return await placeholder.finish(Ending.failed(exc, where="sandbox: "))
         episode = Episode(task, policy, sandbox, config=config, grader=grader,
                           recorder=recorder, run_id=run_id, group_id=group_id,
                           sample_index=sample_index, trajectory_id=trajectory_id)
@@ -67,11 +63,11 @@ async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | Non
         return await episode.finish()
     finally:
         if episode is not None:
-            await _quietly(episode.close())
+            await quietly(episode.close())
         if pool is not None and sandbox is not None and owned is None:
-            await _quietly(pool.release(trajectory_id))
+            await quietly(pool.release(trajectory_id))
         if owned is not None:
-            await _quietly(owned.close())
+            await quietly(owned.close())
 
 
 async def run_branches(task: Task, policy: Policy, *, at: int, n: int,
@@ -103,7 +99,7 @@ async def run_branches(task: Task, policy: Policy, *, at: int, n: int,
             forks = await asyncio.gather(*(root.fork() for _ in range(n)),
                                          return_exceptions=True)
         finally:
-            await _quietly(prefix.close())
+            await quietly(prefix.close())
     siblings = [_sibling(prefix, i, fork, shell_state, recorder) for i, fork in enumerate(forks)]
     try:
         return list(await asyncio.gather(*(_continue(s, f) for s, f in zip(siblings, forks,
@@ -111,7 +107,7 @@ async def run_branches(task: Task, policy: Policy, *, at: int, n: int,
     finally:
         for fork in forks:
             if isinstance(fork, Sandbox):
-                await _quietly(fork.close())
+                await quietly(fork.close())
 
 
 def _sibling(prefix: Episode, i: int, fork: Sandbox | BaseException, shell_state: str,
@@ -133,7 +129,7 @@ def _sibling(prefix: Episode, i: int, fork: Sandbox | BaseException, shell_state
         for step in child.steps:
             recorder.record_step(child.trajectory_id, step)
     if not isinstance(fork, Sandbox):
-        child.ending = Ending(Status.INFRA_ERROR, "error", f"fork: {_describe(fork)}")
+        child.ending = Ending.failed(fork, where="fork: ")
     return child
 
 
@@ -143,7 +139,7 @@ async def _continue(child: Episode, fork: Sandbox | BaseException) -> Trajectory
             await child.play()
         return await child.finish()
     finally:
-        await _quietly(child.close())
+        await quietly(child.close())
 
 
 async def _shell_state(episode: Episode) -> str:
@@ -158,7 +154,8 @@ async def _shell_state(episode: Episode) -> str:
     return f"cd {shlex.quote(cwd)}\n{exports}"
 
 
-async def _quietly(work: Any) -> None:
+async def quietly(work: Any) -> None:
+    """Await cleanup whose failure must not replace a result already recorded."""
     try:
         await work
     except Exception:  # noqa: BLE001, S110 - cleanup after the trajectory is already recorded
