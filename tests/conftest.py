@@ -9,10 +9,13 @@ instead of taking the machine down.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from backends import unavailable
 from tempering.sandbox.cgroup import enter_guard
 
 GUARD_PIDS = int(os.environ.get("TEMPERING_TEST_PIDS", "6000"))
@@ -38,3 +41,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tempering.policy.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+
+
+@pytest.fixture
+async def engine(tiny_model_dir: Path) -> AsyncIterator[Any]:
+    """A ``LocalEngine`` on the tiny model, closed afterwards."""
+    from tempering.policy.local import LocalEngine
+
+    async with LocalEngine(tiny_model_dir) as eng:
+        yield eng
+
+
+@pytest.fixture
+def docker_ready() -> None:
+    """Skip, with the reason, where the docker backend cannot run."""
+    why = unavailable("docker")
+    if why:
+        pytest.skip(f"docker backend unavailable: {why}")

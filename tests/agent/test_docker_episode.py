@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -21,16 +20,7 @@ SOLUTION = (MEDIAN / "solution" / "stats.py").read_text()
 
 
 @pytest.fixture
-def docker_task(tmp_path: Path) -> Task:
-    from tempering.errors import SandboxError
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import Engine
-
-    try:
-        if asyncio.run(Engine().image_id(default_image())) is None:
-            pytest.skip(f"no image {default_image()}: run `tempering image build`")
-    except SandboxError as exc:
-        pytest.skip(f"docker backend unavailable: {exc}")
+def docker_task(tmp_path: Path, docker_ready: None) -> Task:
     root = tmp_path / "median"
     shutil.copytree(MEDIAN, root)
     with (root / "task.toml").open("a") as f:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+
+from polling import until
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -39,20 +39,6 @@ def full_forward_logprobs(model: object, prompt: list[int], completion: list[int
     logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
     at = torch.arange(len(completion)) + len(prompt) - 1
     return logp[at, torch.tensor(completion)].tolist()  # type: ignore[no-any-return]
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll the engine's state from the test's loop (the engine signals nothing finer)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the engine"
-        await asyncio.sleep(0.001)
-
-
-@pytest.fixture
-async def engine(tiny_model_dir: Path) -> AsyncIterator[LocalEngine]:
-    async with LocalEngine(tiny_model_dir) as eng:
-        yield eng
 
 
 def test_build_is_deterministic_idempotent_and_loads_with_auto_classes(

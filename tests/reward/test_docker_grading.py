@@ -15,18 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 @pytest.fixture
-def docker_median(tmp_path: Path):  # type: ignore[no-untyped-def]
-    import asyncio
-
-    from tempering.errors import SandboxError
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import Engine
-
-    try:
-        if asyncio.run(Engine().image_id(default_image())) is None:
-            pytest.skip(f"no image {default_image()}: run `tempering image build`")
-    except SandboxError as exc:
-        pytest.skip(f"docker backend unavailable: {exc}")
+def docker_median(tmp_path: Path, docker_ready: None):  # type: ignore[no-untyped-def]
     root = tmp_path / "median"
     shutil.copytree(EXAMPLES / "median", root)
     (root / "environment").mkdir()

@@ -7,37 +7,14 @@ that cannot run on this host is skipped with the reason it gave, never silently 
 
 from __future__ import annotations
 
-import asyncio
-from functools import cache
-
 import pytest
 
-from tempering.errors import SandboxError, SandboxUnavailableError
+from backends import unavailable
+from tempering.errors import SandboxUnavailableError
 from tempering.sandbox import SandboxSpec, open_sandbox
 
 BACKENDS = ["local", "docker"]
 STORAGES = ["memory", "volume"]
-
-
-@cache
-def _available(backend: str) -> str | None:
-    try:
-        if backend == "local":
-            from tempering.sandbox.local import host
-
-            host()
-        elif backend == "docker":
-            from tempering.sandbox.docker import default_image
-            from tempering.sandbox.engine import Engine
-
-            async def image() -> str | None:
-                return await Engine().image_id(default_image())
-
-            if asyncio.run(image()) is None:
-                return f"no image {default_image()}: run `tempering image build`"
-    except (SandboxUnavailableError, SandboxError) as exc:
-        return str(exc)
-    return None
 
 
 VARIANTS = [(b, st) for b in BACKENDS for st in STORAGES]
@@ -46,7 +23,7 @@ VARIANTS = [(b, st) for b in BACKENDS for st in STORAGES]
 @pytest.fixture(params=VARIANTS, ids=[f"{b}-{st}" for b, st in VARIANTS])
 def variant(request: pytest.FixtureRequest) -> tuple[str, str]:
     backend, storage = request.param
-    why = _available(backend)
+    why = unavailable(backend)
     if why:
         pytest.skip(f"{backend} backend unavailable: {why}")
     if storage == "volume":
@@ -86,10 +63,3 @@ async def sb(make_spec):  # type: ignore[no-untyped-def]
     async with open_sandbox(make_spec()) as sandbox:
         yield sandbox
 
-
-@pytest.fixture
-def docker_ready() -> None:
-    """Skip, with the reason, where the docker backend cannot run."""
-    why = _available("docker")
-    if why:
-        pytest.skip(f"docker backend unavailable: {why}")

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -36,12 +35,6 @@ from tempering.trajectory.schema import Step, Trajectory  # noqa: E402
 
 def grade(reward: float) -> RewardResult:
     return RewardResult(reward=reward, components={}, tests_passed=0, tests_total=0, flags=[])
-
-
-@pytest.fixture
-async def engine(tiny_model_dir: Path) -> AsyncIterator[LocalEngine]:
-    async with LocalEngine(tiny_model_dir) as eng:
-        yield eng
 
 
 async def two_turns(engine: LocalEngine, seed: int, temperature: float) -> Trajectory:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+
+from polling import until
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -46,19 +48,6 @@ def perturbed(engine: LocalEngine, seed: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     return {k: p.detach() + 0.05 * torch.randn(p.shape, generator=gen)
             for k, p in engine.model.named_parameters()}
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.001)
-
-
-@pytest.fixture
-async def engine(tiny_model_dir: Path) -> AsyncIterator[LocalEngine]:
-    async with LocalEngine(tiny_model_dir) as eng:
-        yield eng
 
 
 @pytest.fixture(scope="module")
