@@ -261,14 +261,15 @@ class PerEpisode:
         return await ScriptedPolicy(script).generate(request)
 
 
-async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grader) -> None:
+async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grader,
+                                                                    store) -> None:
     prefix = [("write_file", {"path": "notes.txt", "content": "from the prefix"}),
               ("bash", {"command": "mkdir -p deep && cd deep && export MARK=prefix"})]
     good = [("bash", {"command": "pwd; echo $MARK; cat ../notes.txt"}),
             ("write_file", {"path": "stats.py", "content": SOLUTION}), ("submit", {})]
     bad = [("bash", {"command": "pwd; echo $MARK; cat ../notes.txt"}), ("submit", {})]
     policy = PerEpisode(prefix, [good, bad, bad])
-    trajs = await run_branches(task, policy, at=2, n=3, grader=grader)
+    trajs = await run_branches(task, policy, at=2, n=3, grader=grader, recorder=store)
     assert len(trajs) == 3 and len({t.trajectory_id for t in trajs}) == 3
     assert len({t.parent_id for t in trajs}) == 1 and trajs[0].parent_id
     assert all(t.branch_step == 2 and t.group_id == trajs[0].group_id for t in trajs)
@@ -279,6 +280,8 @@ async def test_branches_continue_from_one_prefix_in_forked_sandboxes(task, grade
         assert words[0].endswith("/deep") and words[1:] == ["prefix", "from", "the", "prefix"]
     rewards = sorted(t.reward.reward for t in trajs if t.reward is not None)
     assert rewards == [0.0, 0.0, 1.0]  # the siblings' sandboxes are independent
+    for t in trajs:
+        assert_stored(store, t)  # the inherited prefix was journaled with each sibling
 
 
 async def test_harness_out_of_memory_is_an_infra_error(task, grader, store) -> None:

@@ -149,8 +149,12 @@ class Episode:
     # ---- the loop ----
 
     def begin(self) -> None:
+        """Start the journal: the header, and any steps taken before there was a recorder (a
+        branch's inherited prefix, a prefix that ended the episode by itself)."""
         if self.recorder is not None:
             self.recorder.begin(self.trajectory_id, self._header())
+            for step in self.steps:
+                self.recorder.record_step(self.trajectory_id, step)
 
     async def play(self, *, until_turn: int | None = None) -> Ending | None:
         """Take turns until the episode ends (returns how) or ``until_turn`` turns are taken."""

@@ -91,9 +91,6 @@ async def run_branches(task: Task, policy: Policy, *, at: int, n: int,
             if ending is not None:
                 prefix.recorder = recorder
                 prefix.begin()
-                for step in prefix.steps:
-                    if recorder is not None:
-                        recorder.record_step(prefix.trajectory_id, step)
                 return [await prefix.finish()]
             shell_state = await _shell_state(prefix)
             forks = await asyncio.gather(*(root.fork() for _ in range(n)),
@@ -125,9 +122,6 @@ def _sibling(prefix: Episode, i: int, fork: Sandbox | BaseException, shell_state
     if child.tools is not None:
         child.tools.shell_setup = shell_state
     child.begin()
-    if recorder is not None:
-        for step in child.steps:
-            recorder.record_step(child.trajectory_id, step)
     if not isinstance(fork, Sandbox):
         child.ending = Ending.failed(fork, where="fork: ")
     return child
