@@ -112,8 +112,8 @@ class Metrics:
         self.account(scheduler.used, scheduler.capacity)
         families: Counter[str] = Counter()
         for heap in scheduler._queues.values():  # noqa: SLF001 - the scheduler's own view
-            for _, _, job in heap:
-                if job.status is JobStatus.QUEUED and job.entry_version == job.version:
+            for negative_priority, _, job in heap:
+                if job.live_entry(-negative_priority):
                     families[job.spec.family] += 1
         estimates = {}
         for family in scheduler.estimator.families():

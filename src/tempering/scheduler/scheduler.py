@@ -149,19 +149,17 @@ class Scheduler:
     # ---- placing ----
 
     def _enqueue(self, job: Tracked, priority: int) -> None:
-        job.status, job.priority, job.version = JobStatus.QUEUED, priority, job.version + 1
+        job.status, job.priority = JobStatus.QUEUED, priority
         job.enqueued_at = time.monotonic()
         demand = job.demand_now()
         heap = self._queues.setdefault(demand.key(), [])
         heapq.heappush(heap, (-priority, next(self._seq), job))
-        job.entry_version = job.version
         self._queued += 1
 
     def _head(self, heap: list[tuple[int, int, Tracked]]) -> Tracked | None:
         while heap:
             job = heap[0][2]
-            if job.status is JobStatus.QUEUED and job.entry_version == job.version \
-                    and -heap[0][0] == job.priority:
+            if job.live_entry(-heap[0][0]):
                 return job
             heapq.heappop(heap)  # cancelled, re-prioritised or already placed
         return None
@@ -312,7 +310,6 @@ class Scheduler:
             return False
         if job.status is JobStatus.QUEUED:
             self._queued -= 1
-            job.version += 1  # its heap entry is stale now
             self._release(job)  # a paused job may hold some
             self._finish(job, JobStatus.CANCELLED, error=why)
         else:

@@ -29,8 +29,6 @@ class Tracked:
     submitted_at: float
     status: JobStatus = JobStatus.QUEUED
     priority: int = 0
-    version: int = 0
-    entry_version: int = -1
     attempts: int = 0
     reserved: Resources = field(default_factory=Resources)
     resume: Any = None
@@ -53,8 +51,11 @@ class Tracked:
         """What starting it needs now: all of it, less what a paused job still holds."""
         return self.spec.demand - self.reserved if self.resuming else self.spec.demand
 
-    def __lt__(self, other: Tracked) -> bool:  # heap ties never get here (unique sequence)
-        return self.id < other.id
+    def live_entry(self, priority: int) -> bool:
+        """Whether a queue entry at ``priority`` is this job's current one: entries of jobs
+        that started, ended or were re-queued at another priority are left in the heaps and
+        skipped, which is cheaper than removing them."""
+        return self.status is JobStatus.QUEUED and priority == self.priority
 
 
 @dataclass(eq=False)
