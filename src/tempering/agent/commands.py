@@ -37,6 +37,16 @@ the key is read from $OPENAI_API_KEY).
 """
 
 
+def _count(spec: str, count: str, what: str) -> int | None:
+    """The ``N`` of ``NAME:N`` (None without one); a usage error naming ``spec`` otherwise."""
+    if not count:
+        return None
+    if not count.isdigit() or int(count) < 1:
+        raise UsageError(f"{spec!r}: the count after {spec.partition(':')[0]}: must be a whole "
+                         f"number{what}")
+    return int(count)
+
+
 def _load_tasks(specs: list[str]) -> list[Task]:
     from tempering.tasks import load_task
 
@@ -46,17 +56,12 @@ def _load_tasks(specs: list[str]) -> list[Task]:
         if name == "humaneval":
             from tempering.tasks.humaneval import load_humaneval
 
-            every = load_humaneval()
-            if count and (not count.isdigit() or int(count) < 1):
-                raise UsageError(f"{spec!r}: the count after humaneval: must be a whole number")
-            tasks += every[: int(count)] if count else every
+            first = _count(spec, count, "")
+            tasks += load_humaneval()[:first]
         elif name == "switchboard":
             from tempering.tasks.builtin import switchboard
 
-            if count and (not count.isdigit() or int(count) < 1):
-                raise UsageError(f"{spec!r}: the count after switchboard: must be a whole "
-                                 "number of table layouts")
-            tasks += switchboard(layouts=int(count) if count else 4)
+            tasks += switchboard(layouts=_count(spec, count, " of table layouts") or 4)
         elif Path(spec).is_dir():
             tasks.append(load_task(spec))
         else:
