@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tempering.reward import Grader
-from tempering.tasks.builtin import CODEBOOK, switchboard, switchboard_task
+from tempering.tasks.builtin import CODEBOOK, answer_path, sign_of, switchboard, switchboard_task
 from tempering.tasks.files import FileTree
 
 
@@ -21,12 +21,12 @@ async def test_every_switchboard_task_grades_its_solution_1_and_a_wrong_answer_0
             sign = task.id.split("/")[1].split("-")[0]
             wrong_word = next(w for s, w in CODEBOOK.items() if s != sign)
             wrong = await grader.grade_files(task, FileTree.of(
-                {**task.workspace, "answer.txt": wrong_word}))
+                {**task.workspace, answer_path(sign_of(task)): wrong_word}))
             assert (solved.reward, untouched.reward, wrong.reward) == (1.0, 0.0, 0.0), task.id
 
 
 def test_layouts_shuffle_the_table_and_signs_are_checked() -> None:
-    tables = {switchboard_task("alpha", layout).workspace["codes.txt"] for layout in range(6)}
+    tables = {switchboard_task("echo", layout).workspace["codes.txt"] for layout in range(6)}
     assert len(tables) > 1
     with pytest.raises(ValueError, match="unknown call sign 'zulu'"):
         switchboard_task("zulu")

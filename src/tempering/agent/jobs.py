@@ -99,12 +99,11 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
 
 def _task(ref: str) -> Task:
     """A task from its directory, or a built-in one from its id (``HumanEval/12``,
-    ``switchboard/alpha-0``)."""
+    ``switchboard/echo-0``)."""
     if ref.startswith("switchboard/"):
-        from tempering.tasks.builtin import switchboard_task
+        from tempering.tasks.builtin import switchboard_from_id
 
-        sign, _, layout = ref.removeprefix("switchboard/").rpartition("-")
-        return switchboard_task(sign, int(layout))
+        return switchboard_from_id(ref)
     if ref.startswith("HumanEval/"):
         if "humaneval" not in _cache:
             from tempering.tasks.humaneval import load_humaneval
