@@ -72,6 +72,10 @@ class EpisodeConfig(BaseModel):
     tools: list[str] | None = None
     """Names of the tools offered (``submit`` among them); None offers all. A smaller set
     makes a shorter prompt, which matters for small models."""
+    describe_tools: bool = True
+    """Put the tools' schemas in the prompt (the chat template renders them). False: the
+    tools still work but are not described, for a model trained to call them (the warmed-up
+    tiny model): the prompt is a fraction as long, and so is every forward pass over it."""
 
     @field_validator("tools")
     @classmethod
@@ -178,7 +182,9 @@ class Episode:
         if remaining <= 0:
             return Ending(Status.MODEL_TIMEOUT, "wall_time")
         request = GenerateRequest(
-            messages=list(self.messages), tools=self.tool_specs, sampling=self._sampling(turn),
+            messages=list(self.messages),
+            tools=self.tool_specs if self.config.describe_tools else [],
+            sampling=self._sampling(turn),
             prefix_token_ids=self.prefix_ids, prefix_messages=self.prefix_messages,
             episode_id=self.trajectory_id)
         t0 = time.perf_counter()
