@@ -303,3 +303,22 @@ def test_bfloat16_autocast_keeps_float32_weights(tiny_model_dir: Path) -> None:
     stats = fast.step(samples)
     assert math.isfinite(stats.loss) and stats.version == 1
     assert all(p.dtype == torch.float32 for p in fast.model.parameters())
+
+
+def test_lr_warmup_rises_linearly_then_holds(tiny_model_dir: Path) -> None:
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-3, lr_warmup_steps=4))
+    assert [learner.lr_at(v) for v in range(6)] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert Learner(tiny_model_dir, LearnerConfig(lr=1e-3)).lr_at(0) == 1e-3
+    learner.step(batch(0))  # the optimizer steps at the warmed-up rate
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4)
+
+
+def test_epochs_pass_over_the_batch_again_against_one_prox(tiny_model_dir: Path) -> None:
+    one = Learner(tiny_model_dir, LearnerConfig(lr=1e-2)).step(batch(0))
+    three = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=3))
+    stats = three.step(batch(0))
+    assert stats.version == 1 == three.version  # still one version per step
+    assert stats.micro_batches == 3 * one.micro_batches
+    # the 2nd and 3rd passes see weights that moved: the ratio to π_prox leaves 1
+    assert stats.approx_kl > 0 and abs(stats.ratio_mean - 1) > 1e-6

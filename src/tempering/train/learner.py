@@ -96,10 +96,17 @@ class LearnerConfig(BaseModel):
     mini_batches: int = Field(default=1, ge=1)
     """Optimizer steps per ``step`` (the batch split in this many); clipping only bites from the
     second on, against π_prox computed before the first."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the batch per ``step`` (PPO epochs): ``epochs x mini_batches`` optimizer
+    steps, all clipped against the same π_prox. More learning per sample, more learner time."""
     loss_agg: LossAgg = "token-mean"
     """``token-mean`` over every trained token of the batch, or ``seq-mean-token-mean``."""
     normalise_std: bool = True
     """``make_samples``: divide advantages by the group's std (GRPO) or not (Dr. GRPO)."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Raise the learning rate linearly over the first this many steps (versions), from
+    ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
+    of a gradient it has no variance estimate for yet. 0: ``lr`` from the first step."""
     device: str = "cpu"
     """Torch device for the model and optimizer: ``cpu``, ``cuda``, ``cuda:1``."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -214,8 +221,8 @@ class Learner:
         cfg = self.config
         self._check(samples)
         n_mini = min(cfg.mini_batches, len(samples))
-        minis = [list(range(i, len(samples), n_mini)) for i in range(n_mini)]
-        prox = self._logprobs(samples) if n_mini > 1 else None
+        minis = [list(range(i, len(samples), n_mini)) for i in range(n_mini)] * cfg.epochs
+        prox = self._logprobs(samples) if len(minis) > 1 else None
         sums: dict[str, torch.Tensor] = {}
         losses = torch.zeros(2, device=self.device)  # (loss, pg_loss) summed over mini-batches
         grad_norms: list[torch.Tensor] = []
@@ -252,6 +259,8 @@ class Learner:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                   cfg.max_grad_norm or math.inf)
             if torch.isfinite(norm):
+                for params in self.optimizer.param_groups:
+                    params["lr"] = self.lr_at(self.version)
                 self.optimizer.step()
             else:  # one poisoned batch must not destroy the weights
                 log.warning("gradient norm %s at version %d: update skipped", norm.item(),
@@ -261,7 +270,7 @@ class Learner:
         keys = ["clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_truncated_frac",
                 "kl"]
         zero = torch.zeros((), device=self.device)
-        figures = torch.stack([*(losses / n_mini), torch.stack(grad_norms).mean(),
+        figures = torch.stack([*(losses / len(minis)), torch.stack(grad_norms).mean(),
                                *(sums.get(k, zero) / max(1, tokens) for k in keys)]).tolist()
         loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl = figures
         staleness = [self.version - s.version for s in samples]
@@ -274,6 +283,11 @@ class Learner:
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
             staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness),
             seconds=time.perf_counter() - started)
+
+    def lr_at(self, version: int) -> float:
+        """The learning rate of the step that makes version ``version + 1``."""
+        warmup = self.config.lr_warmup_steps
+        return self.config.lr * (min(1.0, (version + 1) / warmup) if warmup else 1.0)
 
     def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
         """Each sample's per-token log-probs under the current weights: of every trained token
