@@ -26,7 +26,7 @@ def test_transcripts_train_only_the_assistants_tokens(tiny_model_dir: Path) -> N
                          tools_named(TOOLS))
     trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert trained.count("<tool_call>") == 3 and '"content": "gold"' in trained
-    assert "codes.txt lists" not in trained and "alpha" not in trained  # prompt, observations
+    assert "codes.txt lists" not in trained and "echo red" not in trained  # prompt, observations
 
 
 async def test_after_warm_up_episodes_are_well_formed(tiny_model_dir: Path,

@@ -14,6 +14,7 @@ will later put in front of the model and expect from it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -22,32 +23,45 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tempering.errors import ConfigError
-from tempering.tasks.builtin import CODEBOOK
+from tempering.tasks.builtin import CODEBOOK, answer_path, sign_of
 from tempering.tasks.task import Task
 
+if TYPE_CHECKING:
+    from tempering.train.config import TrainConfig
 
-def switchboard_transcript(task: Task, word: str, *, system_prompt: str) -> list[dict[str, Any]]:
-    """One episode of ``task`` answered with ``word``, as chat messages; the observations are
-    what the episode's tools would show."""
+
+def switchboard_transcript(task: Task, word: str, *, system_prompt: str,
+                           tools: Sequence[str] = ("read_file", "write_file", "submit"),
+                           ) -> list[dict[str, Any]]:
+    """One episode of ``task`` answered with ``word``, as chat messages: the file read and the
+    answer written with ``read_file``/``write_file`` when ``tools`` offers them, else with
+    ``bash`` (``cat``, ``echo``); the observations are what those tools show."""
     def call(i: int, name: str, args: dict[str, str]) -> dict[str, Any]:
         return {"role": "assistant", "content": "", "tool_calls": [
             {"id": f"call_{i}", "type": "function",
              "function": {"name": name, "arguments": json.dumps(args)}}]}
 
+    def seen(i: int, text: str) -> dict[str, Any]:
+        return {"role": "tool", "content": text, "tool_call_id": f"call_{i}"}
+
     table = task.workspace["codes.txt"].decode()
-    return [
-        {"role": "system", "content": system_prompt},
-        {"role": "user", "content": task.instruction},
-        call(0, "read_file", {"path": "codes.txt"}),
-        {"role": "tool", "content": table, "tool_call_id": "call_0"},
-        call(1, "write_file", {"path": "answer.txt", "content": word}),
-        {"role": "tool", "content": f"wrote {len(word)} characters to answer.txt",
-         "tool_call_id": "call_1"},
-        call(2, "submit", {}),
-    ]
+    path = answer_path(sign_of(task))
+    if {"read_file", "write_file"} <= set(tools):
+        steps = [(call(0, "read_file", {"path": "codes.txt"}), seen(0, table)),
+                 (call(1, "write_file", {"path": path, "content": word}),
+                  seen(1, f"wrote {len(word)} characters to {path}"))]
+    elif "bash" in tools:
+        steps = [(call(0, "bash", {"command": "cat codes.txt"}), seen(0, table)),
+                 (call(1, "bash", {"command": f"echo {word} > {path}"}), seen(1, "(no output)"))]
+    else:
+        raise ConfigError(f"tools {list(tools)}: the warm-up needs read_file and write_file, "
+                          "or bash, to read codes.txt and write the answer")
+    return [{"role": "system", "content": system_prompt},
+            {"role": "user", "content": task.instruction},
+            *(m for pair in steps for m in pair), call(2, "submit", {})]
 
 
 def tokenize(tokenizer: Any, messages: list[dict[str, Any]],
@@ -76,12 +90,19 @@ def tokenize(tokenizer: Any, messages: list[dict[str, Any]],
 def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
             tasks: Sequence[Task], *, system_prompt: str, tools: list[dict[str, Any]],
             steps: int = 100, batch: int = 16, lr: float = 3e-3, seed: int = 0,
-            demos: int = 256, progress: Callable[[int, float], None] | None = None) -> Path:
+            demos: int = 256, progress: Callable[[int, float], None] | None = None,
+            tool_names: Sequence[str] = ("read_file", "write_file", "submit")) -> Path:
     """Train ``model_dir``'s model on random-answer transcripts of ``tasks``; save to
-    ``out_dir`` (written aside, then renamed into place). Returns ``out_dir``."""
+    ``out_dir`` (written aside, then renamed into place). Returns ``out_dir``.
+
+    ``tools`` are the schemas the prompt describes (empty: none are described, see
+    ``EpisodeConfig.describe_tools``); the transcripts call the tools they name, or
+    ``tool_names`` when they describe none."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # callers show progress
     if steps < 1 or batch < 1 or demos < 1:
         raise ConfigError(f"steps={steps}, batch={batch}, demos={demos}: each must be >= 1")
     rng = random.Random(seed)
@@ -89,9 +110,10 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     words = sorted(CODEBOOK.values())
+    names = [t["function"]["name"] for t in tools] if tools else list(tool_names)
     data = [tokenize(tokenizer, switchboard_transcript(
-        rng.choice(list(tasks)), rng.choice(words), system_prompt=system_prompt), tools)
-        for _ in range(demos)]
+        rng.choice(list(tasks)), rng.choice(words), system_prompt=system_prompt, tools=names),
+        tools) for _ in range(demos)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -123,3 +145,59 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def prepare_tiny(config: TrainConfig, say: Callable[[str], None]) -> Path:
+    """The tiny model of ``config.model``, built and warmed up on ``config``'s switchboard tasks
+    with its prompt and tools; cached under ``$TEMPERING_CACHE`` by a hash of all of those, so
+    runs that share them (a benchmark's sync and async runs, a rerun) build it once."""
+
+    from tempering.agent.tools import tools_named
+    from tempering.policy.config import tiny_model_dir
+    from tempering.policy.tiny import build_tiny_model
+    from tempering.train.trainer import load_tasks
+
+    model = config.model
+    cache = tiny_model_dir().parent
+    tiny = model.tiny.model_dump()
+    base = build_tiny_model(cache / f"tiny-{_digest(tiny)}", seed=model.tiny.seed,
+                            hidden_size=model.tiny.hidden_size, layers=model.tiny.layers,
+                            heads=model.tiny.heads)
+    if model.warmup.steps == 0:
+        return base
+    tasks = [t for t in load_tasks(config) if t.family == "switchboard"]
+    if not tasks:
+        raise ConfigError("model.warmup teaches the tool format on switchboard tasks, and "
+                          f"tasks.specs {config.tasks.specs} has none: add switchboard, set "
+                          "model.warmup.steps=0, or give model.path")
+    names = config.episode.tools
+    tools = tools_named(names) if config.episode.describe_tools else []
+    key = {"tiny": tiny, "warmup": model.warmup.model_dump(), "tools": names,
+           "system": config.episode.system_prompt, "described": config.episode.describe_tools,
+           "tasks": sorted(t.id.split(":")[0] for t in tasks), "seed": config.seed}
+    out = cache / f"warm-{_digest(key)}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs starting together warm up once
+        if (out / "tempering-warmup.json").is_file():
+            say(f"tool-format warm-up: reusing {out}")
+            return out
+        w = model.warmup
+        say(f"tool-format warm-up: {w.steps} steps of {w.batch} transcripts (cached in {out})")
+        started = time.monotonic()
+
+        def progress(step: int, loss: float) -> None:
+            if (step + 1) % max(1, w.steps // 5) == 0 or step + 1 == w.steps:
+                say(f"  warm-up step {step + 1}/{w.steps}  loss {loss:.3f}  "
+                    f"{time.monotonic() - started:.0f}s")
+
+        return warm_up(base, out, tasks, system_prompt=config.episode.system_prompt,
+                       tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=config.seed,
+                       demos=w.demos, progress=progress,
+                       tool_names=[t["function"]["name"] for t in tools_named(names)])
+
+
+def _digest(data: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
