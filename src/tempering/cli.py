@@ -318,12 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     from tempering.agent.commands import add_rollout_command
     from tempering.policy.commands import add_policy_commands
     from tempering.tasks.commands import add_task_commands
+    from tempering.train.commands import add_train_command
     from tempering.trajectory.commands import add_traj_commands
 
     add_task_commands(commands)
     add_traj_commands(commands)
     add_policy_commands(commands)
     add_rollout_command(commands)
+    add_train_command(commands)
     parser.set_defaults(func=lambda _: help_of(parser))
     return parser
 

@@ -47,7 +47,10 @@ def _count(spec: str, count: str, what: str) -> int | None:
     return int(count)
 
 
-def _load_tasks(specs: list[str]) -> list[Task]:
+def load_task_specs(specs: list[str], *, slow: tuple[float, float, float] | None = None,
+                    ) -> list[Task]:
+    """The tasks ``specs`` name (as ``tempering rollout`` takes them); ``slow`` gives the
+    switchboard family heavy-tailed grading time (``tasks.builtin``)."""
     from tempering.tasks import load_task
 
     tasks: list[Task] = []
@@ -61,7 +64,8 @@ def _load_tasks(specs: list[str]) -> list[Task]:
         elif name == "switchboard":
             from tempering.tasks.builtin import switchboard
 
-            tasks += switchboard(layouts=_count(spec, count, " of table layouts") or 4)
+            tasks += switchboard(layouts=_count(spec, count, " of table layouts") or 4,
+                                 slow=slow)
         elif Path(spec).is_dir():
             tasks.append(load_task(spec))
         else:
@@ -78,7 +82,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from tempering.policy.base import SamplingParams
     from tempering.policy.config import parse_policy
 
-    tasks = _load_tasks(args.tasks)
+    tasks = load_task_specs(args.tasks)
     policy_config = parse_policy(args.policy, model=args.model)
     config = EpisodeConfig(max_turns=args.max_turns, wall_time_s=args.wall_time,
                            sampling=SamplingParams(temperature=args.temperature,

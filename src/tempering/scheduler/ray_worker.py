@@ -182,6 +182,16 @@ class InferenceActor:
     async def generate(self, request: GenerateRequest) -> Generation:
         return await self.policy.generate(request)
 
+    async def update_weights(self, state: Any, version: int) -> int:
+        """Load new weights (a state dict or a path) as ``version``, between completions."""
+        update = getattr(self.policy, "update_weights", None)
+        if update is None:
+            raise PolicyError(f"the policy {self.policy.name!r} cannot load weights (only the "
+                              "local engine can, in an inference actor)")
+        # off the actor's loop: the swap waits for completions that the loop delivers
+        loaded: int = await asyncio.to_thread(update, state, version)
+        return loaded
+
     async def close(self) -> None:
         close = getattr(self.policy, "close", None)
         if close is not None:
@@ -206,6 +216,17 @@ class RayPolicy:
             raise PolicyError(f"the inference actor serving {self.name!r} is gone "
                               f"({describe(exc)}): start another with start_inference") from exc
         return generation
+
+    async def update_weights(self, state: Any, version: int) -> int:
+        """Make the engine serve ``version`` (``InferenceActor.update_weights``)."""
+        try:
+            loaded: int = await self.actor.update_weights.remote(state, version)
+        except RayTaskError as exc:
+            raise unwrap(exc) from exc
+        except LOST as exc:
+            raise PolicyError(f"the inference actor serving {self.name!r} is gone "
+                              f"({describe(exc)})") from exc
+        return loaded
 
     async def info(self) -> WorkerInfo:
         """Where the engine runs."""

@@ -282,6 +282,16 @@ class ReplayBuffer:
         self._grant()
         return outcome
 
+    def restore(self, group: list[Trajectory], *, version_started: int) -> PutOutcome:
+        """Hand back a group that a killed run had acknowledged after its last checkpoint.
+
+        It was admitted under the bound once, by the run that died; it is admitted again here
+        without the bound (a resumed buffer may briefly hold up to a batch more than the bound
+        would start), then put like any group: the staleness check still applies."""
+        self._in_flight += 1
+        self._admitted += 1
+        return self.put(group, version_started=version_started)
+
     async def get(self, n_groups: int | None = None) -> Batch:
         """Wait for ``n_groups`` (default ``batch_groups``) groups and take them, oldest first.
         Never returns a sample older than ``max_staleness``: groups that became too old while

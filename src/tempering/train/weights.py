@@ -11,6 +11,9 @@ weights at their next turn and every token records its version.
   disk); ``update_weights`` *copies* each tensor into the engine's own parameters, so nothing
   aliases the learner's tensors once ``publish`` returns and the learner may train on. It runs
   in a worker thread: the swap waits for the completions in flight, which need the event loop.
+- ``RayPublisher``: a ``LocalEngine`` in a Ray ``InferenceActor`` (``scheduler.ray_worker``),
+  reached through its ``RayPolicy``: the state dict, moved to CPU, goes through Ray's object
+  store (fine for small models; a large one is published from disk with ``path=``).
 - ``ServePublisher``: ``tempering serve`` over HTTP: ``POST /v1/weights {"path", "version"}``.
 - ``VLLMPublisher``: vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST
   /pause?mode=wait`` (the requests in flight finish on the old weights; vLLM would otherwise
@@ -125,6 +128,21 @@ class EnginePublisher(_Publisher):
         assert weights is not None  # publish() checked that one is given
         # Blocks until the completions in flight are done: off the loop, which delivers them.
         await asyncio.to_thread(self.engine.update_weights, weights, version)
+
+
+class RayPublisher(_Publisher):
+    """A local engine hosted by an ``InferenceActor``, through its ``RayPolicy`` client."""
+
+    def __init__(self, policy: Any, version: int | None = None) -> None:
+        super().__init__(version)
+        self.policy = policy
+        self.name = f"ray:{policy.name}"
+
+    async def _publish(self, version: int, state: Mapping[str, torch.Tensor] | None,
+                       path: Path | None) -> None:
+        weights: Any = (self._need_path(version, path) if state is None else
+                        {k: v.detach().to("cpu") for k, v in state.items()})
+        await self.policy.update_weights(weights, version)
 
 
 class _HTTPPublisher(_Publisher):

@@ -1,0 +1,219 @@
+"""The configuration of a training run: one pydantic model, read from YAML, every field documented.
+
+``TrainConfig()`` with no arguments *is* the embedded default that ``tempering train`` runs: a
+tiny model built locally and warmed up on the tool-call format, the built-in ``switchboard``
+family in local sandboxes, asynchronous training with ``max_staleness=2``. A YAML file overrides
+any subset of it; ``--set rollout.max_staleness=4`` style overrides apply on top. Every model is
+frozen and forbids unknown keys, so a typo in a config is an error that names the key, not a
+silently ignored setting.
+
+The run directory keeps the config it was started with (``config.yaml``); a resumed run reads it
+back from there, so a resumed run cannot drift from the one that was checkpointed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tempering.agent.episode import EpisodeConfig
+from tempering.errors import ConfigError
+from tempering.policy.base import SamplingParams
+from tempering.train.learner import LearnerConfig
+
+Mode = Literal["sync", "async"]
+SYSTEM_PROMPT = "You act in a sandbox with tools. Call submit when done."
+"""The default system prompt: one line, so the tiny model's context goes to the task."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TinyModelConfig(_Frozen):
+    """The tiny Qwen2 model built locally when ``model.path`` is not set (``policy.tiny``)."""
+
+    hidden_size: int = Field(default=64, ge=16)
+    layers: int = Field(default=2, ge=1)
+    heads: int = Field(default=4, ge=1)
+    seed: int = 0
+
+
+class WarmupConfig(_Frozen):
+    """The supervised tool-format warm-up (``train.warmup``) run before RL on a fresh model.
+    Answers in its transcripts are random, so RL still starts from chance."""
+
+    steps: int = Field(default=200, ge=0)
+    """Optimizer steps; 0 skips the warm-up (a model that already calls tools)."""
+    batch: int = Field(default=16, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    demos: int = Field(default=256, ge=1)
+    """Distinct synthetic transcripts drawn from."""
+
+
+class ModelConfig(_Frozen):
+    path: str | None = None
+    """A transformers causal LM directory (with its tokenizer). None: build the tiny model."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    """Applies to the tiny model only (a model from ``path`` is trained as it is)."""
+
+
+class SlowEnvConfig(_Frozen):
+    """Heavy-tailed environment time for benchmarks: each switchboard episode's hidden test
+    sleeps ``min(cap_s, scale_s * Pareto(alpha))`` seconds inside its grading sandbox, like a
+    test suite whose run time varies from task to task and from run to run."""
+
+    scale_s: float = Field(default=0.2, gt=0)
+    """The minimum (Pareto scale); the median is ``scale_s * 2 ** (1 / alpha)``."""
+    alpha: float = Field(default=1.2, gt=0)
+    """The tail index: below 2 the variance is infinite, below 1 the mean too."""
+    cap_s: float = Field(default=8.0, gt=0)
+    """No sleep is longer (the grading timeout must exceed it)."""
+
+
+class TasksConfig(_Frozen):
+    specs: list[str] = ["switchboard:4"]
+    """Task directories, ``humaneval[:N]`` or ``switchboard[:LAYOUTS]`` (as ``tempering
+    rollout`` takes them). Groups take the tasks in turn, in this order."""
+    slow: SlowEnvConfig | None = None
+    """Heavy-tailed grading time for the switchboard family (None: none)."""
+
+
+class RolloutConfig(_Frozen):
+    group_size: int = Field(default=8, ge=2)
+    """Samples per task in a group: GRPO's advantages are relative to the group."""
+    oversample: int = Field(default=0, ge=0)
+    """Extra samples started per group; the first ``group_size`` to finish are kept."""
+    batch_groups: int = Field(default=8, ge=1)
+    """Groups per learner step (``batch_groups * group_size`` samples)."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Most versions a trained sample may lag the learner (async mode; sync mode is 0)."""
+    sandboxes: int = Field(default=16, ge=1)
+    """Sandbox slots: episodes that may run at once."""
+    inference: int = Field(default=32, ge=1)
+    """Inference slots: episodes that may hold a place in the engine's batches."""
+    executor: Literal["asyncio", "ray"] = "asyncio"
+    """Where episodes run: in this process, or on Ray workers (``rollout`` resource)."""
+    ray_address: str | None = None
+    """An existing Ray cluster (``auto``, ``ray://host:port``); None: a local one."""
+    max_batch: int = Field(default=32, ge=1)
+    """The local inference engine's most rows decoded together."""
+    device: str = "cpu"
+    """Torch device of the local inference engine (``cuda``: with the Ray executor, its
+    inference actor is placed on a GPU node)."""
+
+
+class TrainConfig(_Frozen):
+    """Everything a training run is: ``TrainConfig()`` is the embedded default."""
+
+    name: str = "default"
+    """The run's directory under ``runs_dir``; resuming continues the run of this name."""
+    runs_dir: str = "runs"
+    mode: Mode = "async"
+    """``async``: rollouts keep generating while the learner updates, within max_staleness;
+    ``sync``: each batch is generated by the current weights, then trained on."""
+    steps: int = Field(default=60, ge=1)
+    """Learner steps (each publishes one weights version)."""
+    seed: int = 0
+    checkpoint_every: int = Field(default=1, ge=1)
+    """Checkpoint after every this many steps (and at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Newest checkpoints kept on disk."""
+    model: ModelConfig = ModelConfig()
+    tasks: TasksConfig = TasksConfig()
+    episode: EpisodeConfig = EpisodeConfig(
+        system_prompt=SYSTEM_PROMPT, tools=["read_file", "write_file", "submit"], max_turns=4,
+        describe_tools=False, sampling=SamplingParams(temperature=0.4, max_tokens=40))
+    """Per-episode budgets, tools, prompt and sampling (see docs/agent.md)."""
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig(lr=5e-4, lr_warmup_steps=10)
+    """Optimiser and objective (docs/training.md); ``temperature`` follows the sampling one."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"name {self.name!r}: a run name is one directory name")
+        sampled = self.episode.sampling.temperature
+        if sampled > 0 and abs(self.learner.temperature - sampled) > 1e-9:
+            # the learner must score tokens under the distribution they were sampled from
+            object.__setattr__(self, "learner",
+                               self.learner.model_copy(update={"temperature": sampled}))
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir, self.name)
+
+    @property
+    def max_staleness(self) -> int:
+        """The bound the buffer enforces: 0 in sync mode."""
+        return 0 if self.mode == "sync" else self.rollout.max_staleness
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """The config in YAML file ``path`` (None: the embedded default), with ``key.sub=value``
+    overrides (values parsed as YAML) applied on top."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping of fields, got "
+                              f"{type(loaded).__name__}")
+        data = loaded or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[leaf] = yaml.safe_load(raw)
+    return validate_config(_merged(TrainConfig().model_dump(mode="json"), data),
+                           where=str(path) if path else "config")
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` laid over ``base`` section by section: a file that sets one field of a
+    section keeps the section's other fields as the embedded default has them (not the
+    defaults of the section's class, which may differ: the default episode's tools)."""
+    out = dict(base)
+    for key, value in update.items():
+        below = out.get(key)
+        out[key] = (_merged(below, value) if isinstance(below, dict) and isinstance(value, dict)
+                    else value)
+    return out
+
+
+def validate_config(data: dict[str, Any], *, where: str = "config") -> TrainConfig:
+    """``TrainConfig`` from plain data; errors name each bad field and value."""
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+            + (f" (got {e['input']!r})" if e["type"] != "missing" else "")
+            for e in exc.errors())
+        raise ConfigError(f"{where}: {problems}") from None
+
+
+def dump_config(config: TrainConfig) -> str:
+    """The config as YAML, every field written out (what ``config.yaml`` holds)."""
+    import yaml
+
+    return str(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,136 @@
+"""A run's metrics: one JSON line per learner step in ``metrics.jsonl``, mirrored to TensorBoard.
+
+``metrics.jsonl`` is the record the report, the benchmarks and any later analysis read: each
+line is written whole, flushed and fsynced before the step is checkpointed, so a line exists for
+every checkpointed step. A run resumed from step k first cuts the file back to steps <= k (the
+killed run may have logged steps its checkpoint never saw; they are trained again), and opens
+TensorBoard with ``purge_step=k + 1`` so the curves do not double back either.
+
+``Interval`` measures what happened between two learner steps: the rewards of every group that
+finished (before the buffer's filters: the policy's performance, not the trained batch's,
+which drops groups of all-equal reward), episodes per second, and the time-weighted use of
+sandbox and inference slots from the scheduler's exact utilisation integrals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from tempering.scheduler.metrics import SchedulerMetrics
+from tempering.trajectory.schema import Status, Trajectory
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class Interval:
+    """Counters between two learner steps (reset by ``take``)."""
+
+    def __init__(self) -> None:
+        self._busy: dict[str, float] = {}  # the scheduler's integrals when the interval began
+        self._elapsed = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rewards: list[float] = []
+        self.ok = 0
+        self.episodes = 0
+
+    def add_group(self, group: list[Trajectory]) -> None:
+        for traj in group:
+            self.episodes += 1
+            self.ok += traj.status is Status.OK
+            self.rewards.append(traj.reward_value or 0.0)
+
+    def take(self, scheduler: SchedulerMetrics, seconds: float) -> dict[str, float]:
+        """The interval's figures; ``seconds`` is its wall length. Starts the next one."""
+        busy = {r: u * scheduler.elapsed_s for r, u in scheduler.utilisation.items()}
+        span = scheduler.elapsed_s - self._elapsed
+
+        def util(resource: str) -> float:
+            used = busy.get(resource, 0.0) - self._busy.get(resource, 0.0)
+            return used / (span * scheduler.capacity.get(resource, 0.0) or math.inf)
+
+        out = {
+            "reward_mean": statistics.fmean(self.rewards) if self.rewards else math.nan,
+            "reward_std": statistics.pstdev(self.rewards) if self.rewards else math.nan,
+            "ok_frac": self.ok / self.episodes if self.episodes else math.nan,
+            "episodes": float(self.episodes),
+            "episodes_per_s": self.episodes / seconds if seconds > 0 else 0.0,
+            "sandbox_util": util("sandbox"),
+            "inference_util": util("inference"),
+        }
+        self._reset()
+        self._busy, self._elapsed = busy, scheduler.elapsed_s
+        return out
+
+
+class MetricsLog:
+    """``metrics.jsonl`` plus TensorBoard scalars, for one process working on a run."""
+
+    def __init__(self, run_dir: Path, *, resume_after: int = 0, tensorboard: bool = True) -> None:
+        self.path = run_dir / METRICS_FILE
+        self.lines = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_after]
+        tmp = self.path.with_suffix(".jsonl.tmp")  # rewrite without the steps to be redone
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in self.lines))
+        os.replace(tmp, self.path)
+        self._tb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resume_after + 1)
+
+    def write(self, metrics: dict[str, Any]) -> None:
+        line = json.dumps(metrics, allow_nan=True) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.lines.append(metrics)
+        if self._tb is not None:
+            step = int(metrics["step"])
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, int | float) and not isinstance(
+                        value, bool) and math.isfinite(value):
+                    self._tb.add_scalar(_tb_tag(key), value, step,
+                                        walltime=None)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a metrics file (a line cut short by a kill is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for raw in path.read_text().splitlines():
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    return out
+
+
+_GROUPS = {"reward": "rollout", "ok_frac": "rollout", "episodes": "rollout",
+           "staleness": "staleness", "learner": "learner", "wait": "learner", "loss": "loss",
+           "pg_loss": "loss", "kl": "loss", "clip": "loss", "grad": "loss", "is_": "loss",
+           "approx": "loss", "ratio": "loss", "sandbox": "utilisation",
+           "inference": "utilisation", "samples": "throughput", "tokens": "throughput",
+           "buffered": "buffer", "dropped": "buffer"}
+
+
+def _tb_tag(key: str) -> str:
+    """``reward_mean`` -> ``rollout/reward_mean``: TensorBoard groups charts by prefix."""
+    for prefix, group in _GROUPS.items():
+        if key.startswith(prefix):
+            return f"{group}/{key}"
+    return f"run/{key}"
