@@ -208,25 +208,24 @@ class RayPolicy:
         self.actor, self.name = actor, name
 
     async def generate(self, request: GenerateRequest) -> Generation:
+        generation: Generation = await self._call("generate", request)
+        return generation
+
+    async def update_weights(self, state: Any, version: int) -> int:
+        """Make the engine serve ``version`` (``InferenceActor.update_weights``)."""
+        loaded: int = await self._call("update_weights", state, version)
+        return loaded
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """The actor's ``method``; its own errors re-raised as they were, a lost actor as
+        ``PolicyError``."""
         try:
-            generation: Generation = await self.actor.generate.remote(request)
+            return await getattr(self.actor, method).remote(*args)
         except RayTaskError as exc:
             raise unwrap(exc) from exc
         except LOST as exc:
             raise PolicyError(f"the inference actor serving {self.name!r} is gone "
                               f"({describe(exc)}): start another with start_inference") from exc
-        return generation
-
-    async def update_weights(self, state: Any, version: int) -> int:
-        """Make the engine serve ``version`` (``InferenceActor.update_weights``)."""
-        try:
-            loaded: int = await self.actor.update_weights.remote(state, version)
-        except RayTaskError as exc:
-            raise unwrap(exc) from exc
-        except LOST as exc:
-            raise PolicyError(f"the inference actor serving {self.name!r} is gone "
-                              f"({describe(exc)})") from exc
-        return loaded
 
     async def info(self) -> WorkerInfo:
         """Where the engine runs."""
