@@ -511,7 +511,9 @@ async def test_scheduler_priorities_and_backfill_on_ray(ray_up: Cluster) -> None
         small = await s.submit(_stamp("small"))
         results = [await h for h in (half, big2, small)]
     order = [name for name, _ in sorted((r.value for r in results), key=lambda v: v[1])]
-    assert order == ["half", "small", "big2"]  # big2 waits for room, small backfills
+    # big2 waits for room, small backfills beside half (the two start within the same moment,
+    # in either order on the workers' clocks)
+    assert order[-1] == "big2" and set(order[:2]) == {"half", "small"}
 
 
 async def test_scheduler_back_pressure_deadlines_and_over_sampling_on_ray(

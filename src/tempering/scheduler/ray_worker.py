@@ -240,6 +240,15 @@ class RayPolicy:
         except (TimeoutError, RayError) as exc:
             log.debug("closing inference actor %s: %s", self.name, exc)
         kill(self.actor)
+        # ray.kill only asks: until the actor is really gone a call may still be served. Wait
+        # for that, so that once stop() returns every later call fails.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(await_ref(self.actor.ready.remote()), 1.0)
+            except (TimeoutError, RayError):
+                return
+            await asyncio.sleep(0.05)
 
     def __repr__(self) -> str:
         return f"RayPolicy({self.name!r})"

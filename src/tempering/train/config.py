@@ -84,17 +84,17 @@ class TasksConfig(_Frozen):
 
 
 class RolloutConfig(_Frozen):
-    group_size: int = Field(default=8, ge=2)
+    group_size: int = Field(default=16, ge=2)
     """Samples per task in a group: GRPO's advantages are relative to the group."""
     oversample: int = Field(default=0, ge=0)
     """Extra samples started per group; the first ``group_size`` to finish are kept."""
-    batch_groups: int = Field(default=8, ge=1)
+    batch_groups: int = Field(default=4, ge=1)
     """Groups per learner step (``batch_groups * group_size`` samples)."""
     max_staleness: int = Field(default=2, ge=0)
     """Most versions a trained sample may lag the learner (async mode; sync mode is 0)."""
-    sandboxes: int = Field(default=16, ge=1)
+    sandboxes: int = Field(default=32, ge=1)
     """Sandbox slots: episodes that may run at once."""
-    inference: int = Field(default=32, ge=1)
+    inference: int = Field(default=64, ge=1)
     """Inference slots: episodes that may hold a place in the engine's batches."""
     executor: Literal["asyncio", "ray"] = "asyncio"
     """Where episodes run: in this process, or on Ray workers (``rollout`` resource)."""

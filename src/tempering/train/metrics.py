@@ -49,12 +49,14 @@ class Interval:
 
     def take(self, scheduler: SchedulerMetrics, seconds: float) -> dict[str, float]:
         """The interval's figures; ``seconds`` is its wall length. Starts the next one."""
+        # utilisation is the time-weighted fraction since the scheduler started: times the
+        # elapsed time, it is an integral, and the interval's share is the difference
         busy = {r: u * scheduler.elapsed_s for r, u in scheduler.utilisation.items()}
         span = scheduler.elapsed_s - self._elapsed
 
         def util(resource: str) -> float:
             used = busy.get(resource, 0.0) - self._busy.get(resource, 0.0)
-            return used / (span * scheduler.capacity.get(resource, 0.0) or math.inf)
+            return used / span if span > 0 else math.nan
 
         out = {
             "reward_mean": statistics.fmean(self.rewards) if self.rewards else math.nan,
