@@ -49,7 +49,8 @@ def config_for(mode: str, runs: Path, steps: int) -> Any:
     return load_config(None, [
         f"name={mode}", f"runs_dir={runs}", f"mode={mode}", f"steps={steps}",
         "tasks.slow={scale_s: 0.2, alpha: 1.0, cap_s: 20}", "rollout.max_staleness=4",
-        "rollout.sandboxes=160", "rollout.inference=160", "rollout.max_batch=64",
+        "rollout.group_size=8", "rollout.batch_groups=8", "rollout.sandboxes=160",
+        "rollout.inference=160", "rollout.max_batch=64",
         "learner.epochs=8", "learner.lr=2.5e-4", "checkpoint_every=1000"])
 
 
