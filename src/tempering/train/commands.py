@@ -30,7 +30,7 @@ run directory first.
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from tempering.train.config import dump_config, load_config
-    from tempering.train.report import load_metrics, summary, write_report
+    from tempering.train.report import METRICS_FILE, load_metrics, summary, write_report
     from tempering.train.trainer import Trainer
 
     overrides = list(args.set or [])
@@ -58,9 +58,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         asyncio.run(trainer.run())
     finally:
-        if (config.run_dir / "metrics.jsonl").exists() and load_metrics(config.run_dir):
+        metrics = load_metrics(config.run_dir) if (config.run_dir / METRICS_FILE).exists() \
+            else []
+        if metrics:
             report = write_report(config.run_dir)
-            say(_summary_line(summary(load_metrics(config.run_dir))))
+            say(_summary_line(summary(metrics)))
             say(f"report: {report}  ({time.monotonic() - started:.0f}s in this process)")
     return 0
 

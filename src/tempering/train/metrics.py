@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tempering.scheduler.metrics import SchedulerMetrics
+from tempering.train.report import METRICS_FILE, load_metrics
 from tempering.trajectory.schema import Status, Trajectory
 
-METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -77,7 +77,8 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, *, resume_after: int = 0, tensorboard: bool = True) -> None:
         self.path = run_dir / METRICS_FILE
-        self.lines = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_after]
+        self.lines = [m for m in load_metrics(run_dir) if m["step"] <= resume_after] \
+            if self.path.exists() else []
         tmp = self.path.with_suffix(".jsonl.tmp")  # rewrite without the steps to be redone
         tmp.write_text("".join(json.dumps(m) + "\n" for m in self.lines))
         os.replace(tmp, self.path)
@@ -107,19 +108,6 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of a metrics file (a line cut short by a kill is skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for raw in path.read_text().splitlines():
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            continue
-    return out
 
 
 _GROUPS = {"reward": "rollout", "ok_frac": "rollout", "episodes": "rollout",

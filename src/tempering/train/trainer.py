@@ -45,9 +45,9 @@ from tempering.train.buffer import ReplayBuffer
 from tempering.train.config import TrainConfig, dump_config, validate_config
 from tempering.train.learner import Learner, StepStats
 from tempering.train.metrics import Interval, MetricsLog
+from tempering.train.report import CONFIG_FILE
 
 log = logging.getLogger(__name__)
-CONFIG_FILE = "config.yaml"
 
 
 class Trainer:
