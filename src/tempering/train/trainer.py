@@ -75,7 +75,8 @@ class Trainer:
         cfg = self.config
         self._prepare_run_dir()
         self.tasks = load_tasks(cfg)
-        model_dir = (await asyncio.to_thread(prepare_model, cfg, self.say)).absolute()
+        model_dir = (await asyncio.to_thread(prepare_model, cfg, self.tasks, self.say)
+                     ).absolute()
         self.learner = await asyncio.to_thread(Learner, model_dir, cfg.learner)
         self.buffer = ReplayBuffer(batch_groups=cfg.rollout.batch_groups,
                                    max_staleness=cfg.max_staleness)
@@ -401,7 +402,7 @@ def load_tasks(config: TrainConfig) -> list[Task]:
     return tasks
 
 
-def prepare_model(config: TrainConfig, say: Callable[[str], None]) -> Path:
+def prepare_model(config: TrainConfig, tasks: list[Task], say: Callable[[str], None]) -> Path:
     """The model RL starts from: ``model.path``, or the tiny model built and warmed up (cached
     under ``$TEMPERING_CACHE`` by everything that shapes it, so a second run reuses it)."""
     if config.model.path is not None:
@@ -412,4 +413,4 @@ def prepare_model(config: TrainConfig, say: Callable[[str], None]) -> Path:
         return path
     from tempering.train.warmup import prepare_tiny
 
-    return prepare_tiny(config, say)
+    return prepare_tiny(config, tasks, say)

@@ -147,15 +147,15 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     return out
 
 
-def prepare_tiny(config: TrainConfig, say: Callable[[str], None]) -> Path:
-    """The tiny model of ``config.model``, built and warmed up on ``config``'s switchboard tasks
-    with its prompt and tools; cached under ``$TEMPERING_CACHE`` by a hash of all of those, so
-    runs that share them (a benchmark's sync and async runs, a rerun) build it once."""
-
+def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str], None]
+                 ) -> Path:
+    """The tiny model of ``config.model``, built and warmed up on the switchboard tasks among
+    ``tasks`` (the run's, already loaded) with ``config``'s prompt and tools; cached under
+    ``$TEMPERING_CACHE`` by a hash of all of those, so runs that share them (a benchmark's sync
+    and async runs, a rerun) build it once."""
     from tempering.agent.tools import tools_named
     from tempering.policy.config import tiny_model_dir
     from tempering.policy.tiny import build_tiny_model
-    from tempering.train.trainer import load_tasks
 
     model = config.model
     cache = tiny_model_dir().parent
@@ -165,7 +165,7 @@ def prepare_tiny(config: TrainConfig, say: Callable[[str], None]) -> Path:
                             heads=model.tiny.heads)
     if model.warmup.steps == 0:
         return base
-    tasks = [t for t in load_tasks(config) if t.family == "switchboard"]
+    tasks = [t for t in tasks if t.family == "switchboard"]
     if not tasks:
         raise ConfigError("model.warmup teaches the tool format on switchboard tasks, and "
                           f"tasks.specs {config.tasks.specs} has none: add switchboard, set "
