@@ -47,6 +47,11 @@ class SchedulerMetrics(BaseModel):
     used: dict[str, float]
     utilisation: dict[str, float]
     """Time-weighted fraction of each resource reserved since the start."""
+    busy_s: dict[str, float] = {}
+    """The integrals behind ``utilisation``: units reserved x seconds, per resource; two
+    snapshots' differences give the utilisation between them, capacity changes included."""
+    offered_s: dict[str, float] = {}
+    """Units offered (the capacity) x seconds, per resource."""
     queued: int
     queued_by_family: dict[str, int]
     running: int
@@ -125,6 +130,7 @@ class Metrics:
             elapsed_s=self.last - self.started, capacity=dict(scheduler.capacity),
             used=dict(scheduler.used),
             utilisation={k: self.busy.get(k, 0.0) / v for k, v in self.offered.items() if v > 0},
+            busy_s=dict(self.busy), offered_s=dict(self.offered),
             queued=scheduler._queued, queued_by_family=dict(families),  # noqa: SLF001
             running=len(scheduler._running), paused=len(scheduler._paused),  # noqa: SLF001
             finished=dict(self.status), estimates=estimates,

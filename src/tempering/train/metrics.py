@@ -33,7 +33,7 @@ class Interval:
 
     def __init__(self) -> None:
         self._busy: dict[str, float] = {}  # the scheduler's integrals when the interval began
-        self._elapsed = 0.0
+        self._offered: dict[str, float] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -49,13 +49,14 @@ class Interval:
 
     def take(self, scheduler: SchedulerMetrics, seconds: float) -> dict[str, float]:
         """The interval's figures; ``seconds`` is its wall length. Starts the next one."""
-        # utilisation is the time-weighted fraction since the scheduler started: times the
-        # elapsed time, it is an integral, and the interval's share is the difference
-        busy = {r: u * scheduler.elapsed_s for r, u in scheduler.utilisation.items()}
-        span = scheduler.elapsed_s - self._elapsed
+        # the scheduler keeps slot-second integrals of what was reserved and what was offered;
+        # the interval's utilisation is the ratio of their growth (exact when capacity changes,
+        # as it does while Ray workers join)
+        busy, offered = scheduler.busy_s, scheduler.offered_s
 
         def util(resource: str) -> float:
             used = busy.get(resource, 0.0) - self._busy.get(resource, 0.0)
+            span = offered.get(resource, 0.0) - self._offered.get(resource, 0.0)
             return used / span if span > 0 else math.nan
 
         out = {
@@ -68,7 +69,7 @@ class Interval:
             "inference_util": util("inference"),
         }
         self._reset()
-        self._busy, self._elapsed = busy, scheduler.elapsed_s
+        self._busy, self._offered = busy, offered
         return out
 
 

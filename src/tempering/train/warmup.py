@@ -91,13 +91,15 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
             tasks: Sequence[Task], *, system_prompt: str, tools: list[dict[str, Any]],
             steps: int = 100, batch: int = 16, lr: float = 3e-3, seed: int = 0,
             demos: int = 256, progress: Callable[[int, float], None] | None = None,
-            tool_names: Sequence[str] = ("read_file", "write_file", "submit")) -> Path:
+            tool_names: Sequence[str] = ("read_file", "write_file", "submit"),
+            device: str = "cpu") -> Path:
     """Train ``model_dir``'s model on random-answer transcripts of ``tasks``; save to
     ``out_dir`` (written aside, then renamed into place). Returns ``out_dir``.
 
     ``tools`` are the schemas the prompt describes (empty: none are described, see
     ``EpisodeConfig.describe_tools``); the transcripts call the tools they name, or
-    ``tool_names`` when they describe none."""
+    ``tool_names`` when they describe none. ``device``: where it trains (the learner's); the
+    result is saved from the CPU either way."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -108,7 +110,8 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     rng = random.Random(seed)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model.to(device)
     words = sorted(CODEBOOK.values())
     names = [t["function"]["name"] for t in tools] if tools else list(tool_names)
     data = [tokenize(tokenizer, switchboard_transcript(
@@ -120,10 +123,12 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     for step in range(steps):
         chosen = [data[rng.randrange(len(data))] for _ in range(batch)]
         width = max(len(ids) for ids, _ in chosen)
-        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chosen])  # (B, T)
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in chosen])
+        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chosen],
+                           device=device)  # (B, T)
+        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in chosen],
+                                 device=device)
         mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chosen],
-                            dtype=torch.float32)[:, 1:]  # (B, T-1): which targets train
+                            dtype=torch.float32, device=device)[:, 1:]  # (B, T-1): trained
         logits = model(ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
         logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
         loss = -(logprobs * mask).sum() / mask.sum()
@@ -132,7 +137,7 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         optimizer.step()
         if progress is not None:
             progress(step, float(loss.detach()))
-    model.eval()  # type: ignore[no-untyped-call]
+    model.to("cpu").eval()
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -194,7 +199,8 @@ def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str]
         return warm_up(base, out, tasks, system_prompt=config.episode.system_prompt,
                        tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=config.seed,
                        demos=w.demos, progress=progress,
-                       tool_names=[t["function"]["name"] for t in tools_named(names)])
+                       tool_names=[t["function"]["name"] for t in tools_named(names)],
+                       device=config.learner.device)
 
 
 def _digest(data: Any) -> str:
