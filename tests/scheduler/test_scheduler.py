@@ -279,3 +279,22 @@ def test_estimates_count_what_was_cut_short_as_lasting_at_least_that_long() -> N
     for value in range(1, 11):
         plain.observe("g", float(value))
     assert plain.quantile("g", 0.5) == 6.0 and plain.estimate("g").samples == 10
+
+
+def test_worker_stop_hooks_run_once_newest_first_past_a_failure(monkeypatch) -> None:
+    from tempering.scheduler import job
+
+    monkeypatch.setattr(job, "_at_worker_stop", [])
+    ran: list[str] = []
+
+    def fails() -> None:
+        ran.append("fails")
+        raise OSError("disk full")
+
+    job.at_worker_stop(lambda: ran.append("first"))
+    job.at_worker_stop(fails)
+    job.at_worker_stop(lambda: ran.append("last"))
+    errors = job.run_worker_stop()
+    assert ran == ["last", "fails", "first"]
+    assert len(errors) == 1 and "OSError: disk full" in errors[0]
+    assert job.run_worker_stop() == [] and ran == ["last", "fails", "first"]  # once

@@ -87,6 +87,19 @@ async def test_a_run_writes_its_directory_and_keeps_the_bound(tmp_path, env, mod
     assert trained <= logged and len(trained) == 4 * 2
 
 
+async def test_a_run_ends_once_it_reaches_its_target_reward(tmp_path, env) -> None:
+    from tempering.train.config import load_config
+    from tempering.train.trainer import Trainer
+
+    config = load_config(None, small(tmp_path, "target", "steps=6", "target_reward=0.0",
+                                     "target_window=2"))
+    lines: list[str] = []
+    result = await Trainer(config, tensorboard=False, say=lines.append).run()
+    assert [m["step"] for m in result] == [1, 2]  # any 2-step mean reaches 0.0
+    assert any("target reward 0.0 reached" in x for x in lines)
+    assert (tmp_path / "target" / "checkpoints" / "step-000002").is_dir()  # the end's
+
+
 def test_kill_9_resumes_with_the_next_version_and_loses_no_group(tmp_path, env) -> None:
     args = small(tmp_path, "killed", "steps=6", "rollout.max_staleness=8")
     cmd = [str(Path(sys.executable).with_name("tempering")), "train",
@@ -149,6 +162,7 @@ async def test_the_same_config_trains_on_ray(tmp_path, env) -> None:
     result = await trainer.run()
     assert [m["version"] for m in result] == [1, 2] and not ray.is_initialized()
     assert trainer.publisher.version == 2  # the actor's engine took every version
+    assert trainer.recovered == 0  # the workers were stopped, their stores flushed
     assert all(m["staleness_max"] <= m["max_staleness"] for m in result)
     from tempering.trajectory.store import TrajectoryStore
 

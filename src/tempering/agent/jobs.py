@@ -23,7 +23,7 @@ from tempering.agent.rollout import quietly
 from tempering.policy.base import Policy
 from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, ScriptedPolicyConfig
 from tempering.sandbox import Sandbox, open_sandbox
-from tempering.scheduler.job import JobContext, Paused
+from tempering.scheduler.job import JobContext, Paused, at_worker_stop
 from tempering.scheduler.resources import Resources
 from tempering.tasks.task import Task
 from tempering.trajectory.schema import Status, Trajectory
@@ -139,6 +139,7 @@ def _recorder(ref: Recorder | str | None) -> Recorder | None:
 
     key = f"store:{Path(ref).resolve()}"
     if key not in _cache:
-        _cache[key] = TrajectoryStore(ref)
+        _cache[key] = opened = TrajectoryStore(ref)
+        at_worker_stop(opened.close)  # flushed when a Ray executor stops this worker
     store: Recorder = _cache[key]
     return store

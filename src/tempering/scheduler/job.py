@@ -118,3 +118,26 @@ class JobResult:
     name: str = ""
     ended_at: float = 0.0
     """``time.monotonic()`` when it ended."""
+
+
+_at_worker_stop: list[Callable[[], None]] = []
+
+
+def at_worker_stop(fn: Callable[[], None]) -> None:
+    """Have ``fn`` run when an executor stops the worker process this job runs in, before the
+    process is asked to exit: a job's process-wide resources (a trajectory store it cached and
+    buffers into) are closed then, not left to interpreter exit, which a stop may cut short. In
+    the scheduler's own process nothing stops the worker; ``atexit`` is the same there."""
+    _at_worker_stop.append(fn)
+
+
+def run_worker_stop() -> list[str]:
+    """Run (once) what ``at_worker_stop`` registered, newest first; the errors as text."""
+    errors = []
+    while _at_worker_stop:
+        fn = _at_worker_stop.pop()
+        try:
+            fn()
+        except Exception as exc:  # one failed close must not keep the others from running
+            errors.append(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
+    return errors

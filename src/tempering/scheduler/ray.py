@@ -167,8 +167,17 @@ class RayExecutor:
             if not worker.lost.done():
                 worker.lost.set_result(f"rollout worker {worker} was stopped: the executor "
                                        "closed")
-        # Ask the workers to exit (their atexit handlers run: stores flush what they
-        # buffered), then kill whatever has not exited in time.
+        # Have the workers close what their jobs left open (stores flush what they buffered)
+        # and answer, then ask them to exit and kill whatever has not exited in time. Exit
+        # alone is not enough: atexit handlers of an exiting actor could be cut short by the
+        # kill, and then a store's buffer was left to journal recovery.
+        stops = [w.handle.stop.remote() for w in self._workers.values()]
+        if stops:
+            done, _ = await asyncio.wait([asyncio.ensure_future(_errors(ref)) for ref in stops],
+                                         timeout=self.exit_grace_s)
+            for errors in (t.result() for t in done):
+                for error in errors:
+                    log.warning("stopping a rollout worker: %s", error)
         exits = [w.handle.__ray_terminate__.remote() for w in self._workers.values()]
         if exits:
             await asyncio.wait([asyncio.ensure_future(_quiet(ref)) for ref in exits],
@@ -359,6 +368,16 @@ class RayExecutor:
         self._report()
         self._notify()
         self._poke.set()  # a node still alive gets a fresh worker now, not at the next poll
+
+
+async def _errors(ref: Any) -> list[str]:
+    """What a worker's ``stop`` reported (a worker already gone has nothing left to close)."""
+    try:
+        errors: list[str] = await ref
+    except Exception as exc:
+        log.debug("stopping a rollout worker: %s", exc)
+        return []
+    return errors
 
 
 async def _quiet(ref: Any) -> None:

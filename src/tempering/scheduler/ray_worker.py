@@ -40,7 +40,7 @@ from ray.exceptions import (
 
 from tempering.errors import ConfigError, PolicyError
 from tempering.policy.base import GenerateRequest, Generation
-from tempering.scheduler.job import JobContext, JobFn
+from tempering.scheduler.job import JobContext, JobFn, run_worker_stop
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,11 @@ class RolloutWorker:
             return await fn(ctx)
         finally:
             del self._runs[token]
+
+    async def stop(self) -> list[str]:
+        """Close what jobs registered with ``at_worker_stop`` (their stores flush), before the
+        executor asks this process to exit; returns the errors, if any, as text."""
+        return await asyncio.to_thread(run_worker_stop)
 
     async def pause(self, token: str) -> bool:
         """Ask the run ``token`` to stop at its next safe point; False if it is not here yet."""

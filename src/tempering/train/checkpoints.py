@@ -105,29 +105,16 @@ class GroupLog:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / GROUPS_LOG
-        self.lines = 0
+        self.at_open: list[dict[str, Any]] = []
+        """Every complete line when the log was opened (what a resume reads back), in order."""
         if self.path.exists():
-            self.lines = len(self.read())
-            self._truncate_partial()
-
-    def read(self) -> list[dict[str, Any]]:
-        """Every complete line (a line cut short by a kill is ignored)."""
-        if not self.path.exists():
-            return []
-        out = []
-        for raw in self.path.read_bytes().split(b"\n"):
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-        return out
-
-    def _truncate_partial(self) -> None:
-        data = self.path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end != len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(end)
+            data = self.path.read_bytes()
+            end = data.rfind(b"\n") + 1
+            if end != len(data):  # a line cut short by a kill: it was never acknowledged
+                with open(self.path, "r+b") as f:
+                    f.truncate(end)
+            self.at_open = [json.loads(line) for line in data[:end].splitlines() if line]
+        self.lines = len(self.at_open)
 
     def append(self, group_id: str, trajectory_ids: list[str], version_started: int) -> None:
         line = json.dumps({"group": group_id, "trajectories": trajectory_ids,

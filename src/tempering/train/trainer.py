@@ -64,6 +64,8 @@ class Trainer:
         self._interval = Interval()
         self._tasks_drawn = 0
         self._errors = 0
+        self.recovered = 0
+        """Trajectories found in journals at the end (a Ray worker killed, not stopped)."""
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -97,20 +99,27 @@ class Trainer:
                 self._last_step_at = self._started
                 watch = asyncio.create_task(self._watch())
                 try:
-                    if self.step >= cfg.steps:
-                        self.say(f"run {cfg.name} already has {self.step} of {cfg.steps} steps")
+                    if self._finished():
+                        self.say(f"run {cfg.name} is finished at step {self.step} of "
+                                 f"{cfg.steps}")
                     elif cfg.mode == "async":
                         await self._async_loop()
                     else:
                         await self._sync_loop()
+                    if self.step < cfg.steps:
+                        self.say(f"target reward {cfg.target_reward} reached (mean of the last "
+                                 f"{cfg.target_window} steps) at step {self.step}")
                 finally:
                     watch.cancel()
                     await self._stop_rollouts()
         finally:
             self.metrics.close()
-            # Ray workers that were killed rather than exiting leave their acknowledged
-            # trajectories in their journals: fold those into parts now that they are gone
-            self.store.recover()
+            # a Ray worker that was killed rather than stopped leaves its trajectories in its
+            # journal: fold those into parts now that it is gone
+            self.recovered = self.store.recover()
+            if self.recovered:
+                self.say(f"recovered {self.recovered} trajectories from rollout workers' "
+                         "journals")
             self.store.close()
         return self.metrics.lines
 
@@ -155,7 +164,7 @@ class Trainer:
     async def _async_loop(self) -> None:
         producer = asyncio.create_task(self._produce())
         try:
-            while self.step < self.config.steps:
+            while not self._finished():
                 waited_from = time.monotonic()
                 batch = await _first(self.buffer.get(), producer)
                 await self._train(batch, time.monotonic() - waited_from)
@@ -166,7 +175,7 @@ class Trainer:
 
     async def _sync_loop(self) -> None:
         need = self.config.rollout.batch_groups
-        while self.step < self.config.steps:
+        while not self._finished():
             waited_from = time.monotonic()
             while len(self.buffer) < need:  # groups the filters drop are replaced
                 started = 0
@@ -239,10 +248,22 @@ class Trainer:
             self._idle_s += waited
         metrics = self._metrics(batch, stats, waited)
         self.metrics.write(metrics)
-        if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+        if self.step % self.config.checkpoint_every == 0 or self._finished():
             await self._checkpoint()
         await self._publish()
         self.say(progress_line(metrics, self.config.steps))
+
+    def _finished(self) -> bool:
+        """``steps`` done, or ``target_reward`` reached (over the steps logged, resumed too)."""
+        cfg = self.config
+        if self.step >= cfg.steps:
+            return True
+        if cfg.target_reward is None:
+            return False
+        recent = [m["reward_mean"] for m in self.metrics.lines[-cfg.target_window:]
+                  if math.isfinite(m["reward_mean"])]
+        return len(recent) == cfg.target_window and (
+            sum(recent) / len(recent) >= cfg.target_reward)
 
     def _metrics(self, batch: Batch, stats: StepStats, waited: float) -> dict[str, Any]:
         now = time.monotonic()
@@ -326,11 +347,13 @@ class Trainer:
 
     def _restore_groups(self, state: checkpoints.RunState | None) -> None:
         """Hand back every group acknowledged after the checkpoint (see checkpoints.py)."""
-        entries = self.group_log.read()[state.groups_logged if state else 0:]
+        entries = self.group_log.at_open[state.groups_logged if state else 0:]
+        self.group_log.at_open = []  # read once
         if not entries:
             return
-        wanted = {tid for e in entries for tid in e["trajectories"]}
-        found = {t.trajectory_id: t for t in self.store.read() if t.trajectory_id in wanted}
+        wanted = sorted({tid for e in entries for tid in e["trajectories"]})
+        ids = ", ".join("'" + tid.replace("'", "''") + "'" for tid in wanted)
+        found = {t.trajectory_id: t for t in self.store.read(where=f"trajectory_id IN ({ids})")}
         restored = 0
         for entry in entries:
             group = [found[tid] for tid in entry["trajectories"] if tid in found]
