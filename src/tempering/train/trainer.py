@@ -65,7 +65,8 @@ class Trainer:
         self._tasks_drawn = 0
         self._errors = 0
         self.recovered = 0
-        """Trajectories found in journals at the end (a Ray worker killed, not stopped)."""
+        """Trajectories read back from Ray workers' journals at the end: episodes the end of
+        the run cut off (stored as infra errors), or those of a worker that had to be killed."""
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -114,12 +115,12 @@ class Trainer:
                     await self._stop_rollouts()
         finally:
             self.metrics.close()
-            # a Ray worker that was killed rather than stopped leaves its trajectories in its
-            # journal: fold those into parts now that it is gone
+            # Ray workers are gone now: what their journals hold (episodes the end of the run
+            # cut off, or anything of a worker that had to be killed) goes into parts
             self.recovered = self.store.recover()
             if self.recovered:
                 self.say(f"recovered {self.recovered} trajectories from rollout workers' "
-                         "journals")
+                         "journals (episodes cut off by the end of the run)")
             self.store.close()
         return self.metrics.lines
 
