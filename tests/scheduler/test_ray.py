@@ -505,7 +505,10 @@ async def test_scheduler_priorities_and_backfill_on_ray(ray_up: Cluster) -> None
         big = await s.submit(_stamp("big", demand=two, priority=9))
         results = [await h for h in (blocker, low, high, big)]
         order = [name for name, _ in sorted((r.value for r in results), key=lambda v: v[1])]
-        assert order == ["blocker", "big", "high", "low"]
+        # big (priority 9, both slots) goes before the two small ones, which then start in
+        # one placement pass on the two freed slots: which of them the worker stamps first
+        # is not the scheduler's to decide (a CI run saw low a hair before high)
+        assert order[:2] == ["blocker", "big"] and set(order[2:]) == {"high", "low"}
         half = await s.submit(_stamp("half", 0.5))
         big2 = await s.submit(_stamp("big2", demand=two, priority=9))
         small = await s.submit(_stamp("small"))
