@@ -527,7 +527,9 @@ async def test_scheduler_back_pressure_deadlines_and_over_sampling_on_ray(
         await s.submit(_stamp("queued"))
         t0 = time.monotonic()
         waited = await s.submit(_stamp("waited"))  # back-pressure: waits for room
-        assert time.monotonic() - t0 > 0.2 and running[0].status is JobStatus.DONE
+        # room came when one of the two running jobs ended (either: they started together)
+        assert time.monotonic() - t0 > 0.2
+        assert any(r.status is JobStatus.DONE for r in running)
         assert (await waited).status is JobStatus.DONE
         ran_over = tmp_path / "ran-over"
         cut = await s.submit(JobSpec(functools.partial(
