@@ -65,7 +65,8 @@ def config_for(mode: str, runs: Path, steps: int, *extra: str) -> Any:
         f"rollout.max_staleness={MAX_STALENESS}",
         "rollout.group_size=8", "rollout.batch_groups=8", "rollout.sandboxes=160",
         "rollout.inference=160", "rollout.max_batch=64",
-        "learner.epochs=8", "learner.lr=1.25e-4", "checkpoint_every=1000"])
+        "learner.epochs=8", "learner.lr=1.25e-4", "learner.lr_warmup_steps=10",
+        "checkpoint_every=1000"])
 
 
 def time_to(metrics: list[dict[str, Any]], target: float, window: int) -> tuple[float, float]:
