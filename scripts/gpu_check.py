@@ -67,8 +67,8 @@ async def scale_path(out: Path, steps: int, device: str) -> Path:
     note("reward_last_fifth", mean(result[-fifth:]))
     for key in ("learner_idle_frac", "learner_s", "samples_per_s", "sandbox_util"):
         note(f"{key}_median", sorted(m[key] for m in result)[len(result) // 2])
-    note("learner_device", str(next(trainer.learner.model.parameters()).device),
-         str(next(trainer.learner.model.parameters()).device).startswith(device))
+    placed = str(next(trainer.learner.model.parameters()).device)
+    note("learner_device", placed, placed.startswith(device))
     note("report", str(write_report(run)))
     newest = query(run, "SELECT max(weights_version) FROM steps")[1][0][0]
     note("newest_token_version", newest, newest is not None and newest <= steps)

@@ -168,9 +168,8 @@ class RayExecutor:
                 worker.lost.set_result(f"rollout worker {worker} was stopped: the executor "
                                        "closed")
         # Have the workers close what their jobs left open (stores flush what they buffered)
-        # and answer, then ask them to exit and kill whatever has not exited in time. Exit
-        # alone is not enough: atexit handlers of an exiting actor could be cut short by the
-        # kill, and then a store's buffer was left to journal recovery.
+        # and answer, then ask them to exit and kill whatever has not exited in time: the
+        # flush does not depend on an exiting actor's atexit handlers beating that kill.
         stops = [w.handle.stop.remote() for w in self._workers.values()]
         if stops:
             done, _ = await asyncio.wait([asyncio.ensure_future(_errors(ref)) for ref in stops],

@@ -105,16 +105,21 @@ class GroupLog:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / GROUPS_LOG
-        self.at_open: list[dict[str, Any]] = []
-        """Every complete line when the log was opened (what a resume reads back), in order."""
+        self._at_open: list[dict[str, Any]] = []  # every complete line when opened, in order
         if self.path.exists():
             data = self.path.read_bytes()
             end = data.rfind(b"\n") + 1
             if end != len(data):  # a line cut short by a kill: it was never acknowledged
                 with open(self.path, "r+b") as f:
                     f.truncate(end)
-            self.at_open = [json.loads(line) for line in data[:end].splitlines() if line]
-        self.lines = len(self.at_open)
+            self._at_open = [json.loads(line) for line in data[:end].splitlines() if line]
+        self.lines = len(self._at_open)
+
+    def take_after(self, logged: int) -> list[dict[str, Any]]:
+        """The entries the log held when opened after its first ``logged`` (what a resume
+        hands back); read once: later calls get none."""
+        entries, self._at_open = self._at_open[logged:], []
+        return entries
 
     def append(self, group_id: str, trajectory_ids: list[str], version_started: int) -> None:
         line = json.dumps({"group": group_id, "trajectories": trajectory_ids,

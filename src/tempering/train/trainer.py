@@ -348,8 +348,7 @@ class Trainer:
 
     def _restore_groups(self, state: checkpoints.RunState | None) -> None:
         """Hand back every group acknowledged after the checkpoint (see checkpoints.py)."""
-        entries = self.group_log.at_open[state.groups_logged if state else 0:]
-        self.group_log.at_open = []  # read once
+        entries = self.group_log.take_after(state.groups_logged if state else 0)
         if not entries:
             return
         wanted = sorted({tid for e in entries for tid in e["trajectories"]})
