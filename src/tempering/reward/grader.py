@@ -27,7 +27,7 @@ from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
 from tempering.reward.result import TAMPER, RewardResult, TestResult
-from tempering.reward.runner import Launcher, RunPlan, TestRun, pytest_args
+from tempering.reward.runner import Launcher, RunPlan, TestRun, hidden_files, pytest_args
 from tempering.reward.static import analyse, lint
 from tempering.reward.tamper import screen
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
@@ -189,10 +189,12 @@ class Grader:
         sb = launcher.sb
         try:
             await tree.write_into(sb)
-            await task.tests.write_into(sb, grading.tests_dir)  # last: they win any clash
+            placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
+            for path, data, mode in placeholders:  # last: they win any clash
+                await sb.write_file(path, data, mode)
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
             run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
-                                     grading.timeout_s, canary_imports(task))
+                                     grading.timeout_s, canary_imports(task), sources=sources)
             scores: dict[str, float] = {}
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
@@ -213,12 +215,13 @@ class Grader:
         except SandboxStartError:  # it died (killed, OOM): start another, once
             forked = await (await self._zygote(spec, replace=True)).fork()
         try:
+            placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
-                           canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR)
+                           canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
+                           sources=sources)
             files = [(p, tree[p], tree.mode(p)) for p in tree]
-            files += [(f"{grading.tests_dir}/{p}", task.tests[p], task.tests.mode(p))
-                      for p in task.tests]  # last: the hidden tests win any clash
-            files.append((plan.canary_path, plan.canary_text.encode(), 0o644))
+            files += placeholders  # last: the hidden tests win any clash
+            files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
             text, timed_out, oom, code = await forked.run(plan.config, grading.timeout_s)
             run = plan.read(text)
@@ -260,9 +263,12 @@ class Grader:
             launcher = await self._fresh(grading_spec(task), grading.runner)
             try:
                 await tree.write_into(launcher.sb)
-                await task.tests.write_into(launcher.sb, grading.tests_dir)
+                placeholders, sources = hidden_files(task.tests, grading.tests_dir,
+                                                     launcher.sb.spec.workdir)
+                for path, data, mode in placeholders:
+                    await launcher.sb.write_file(path, data, mode)
                 run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
-                                         grading.timeout_s, collect_only=True)
+                                         grading.timeout_s, sources=sources, collect_only=True)
             finally:
                 await launcher.sb.close()
             if not run.collected:

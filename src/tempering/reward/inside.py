@@ -1,261 +1,307 @@
 """The test launcher that runs inside the grading sandbox (stdlib and pytest only).
 
-It is copied into the sandbox and started as ``python3 -I -B inside.py`` before any workspace
-code exists on ``sys.path``: pytest is imported first, then the launcher blocks on one line of
-stdin (its configuration: a per-run key, the paths, pytest's arguments). A grader can start it
-ahead of time, so a grading pays for collection and the tests, not for importing pytest.
+It is copied into the sandbox with ``inside_guard.py`` and started as ``python3 -I -B
+inside.py RUNNER`` before any workspace code exists on ``sys.path``: pytest is imported first,
+then the launcher blocks on one line of stdin (its configuration: a per-run key, the paths,
+pytest's arguments, and the hidden tests' Python files). A grader can start it ahead of time,
+so a grading pays for collection and the tests, not for importing pytest.
 
-Once configured it:
-- installs an audit hook (PEP 578; it cannot be removed) that reports the tested code when it
-  reads or changes the hidden tests, inspects frames or the garbage collector, loads ctypes,
-  imports pytest's internals, or signals the test process;
+Once configured, before any tested code runs, it:
+- installs the guard (``inside_guard.py``), the audit hook that alone writes the report and
+  checks the runner's integrity, and tells it which of the launcher's functions may report;
+- keeps the hidden tests' Python files off the disk: they are handed to the guard, and the
+  files in the tests directory are empty placeholders, so a subprocess of the tested code
+  (``cat tests/test_x.py``) reads nothing; test modules, conftest files and helper modules are
+  compiled from the guard's copy, each assertion's operands probed for objects that claim to
+  equal anything;
+- makes the process undumpable (no other process of the sandbox may trace it or read its
+  memory) and forgets ctypes;
 - puts the hidden tests directory, then the workspace, at the *end* of ``sys.path``, so no
   workspace module can shadow the standard library or pytest;
 - runs pytest with the grader's own ini file (``-c``), no plugin autoload, no cache, and
-  conftest files only from the hidden tests directory;
-- reports every collected test, every outcome and every audit finding as one line on a dup of
-  the original stdout, taken before pytest captures fd 1: ``@@tempering <mac> <json>``, where
-  the mac is an HMAC of the line under the per-run key with a sequence number, so the tested
-  code can neither forge a line nor replay one. A line it hides (by crashing, exiting or
-  flooding) only makes tests go missing, and missing tests fail.
+  conftest files only from the hidden tests directory.
 """
 
-import _thread
 import marshal
 import os
 import sys
-from _blake2 import blake2b
 
-# Imports are kept to builtin modules: every millisecond of start-up is paid once per grading.
-PREFIX = "@@tempering"
-WATCHED = frozenset({
-    "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
-    "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-    "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
-    "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile", "code.__new__",
-})
-FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals"})
-PASS_THROUGH_INTROSPECTION = ("/inspect.py", "/traceback.py")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import inside_guard as guard_module  # noqa: E402 - from the launcher's own read-only directory
 
-
-def to_json(value):
-    """JSON for str, int, float, bool, None, lists and dicts of them (json costs 10 ms)."""
-    if isinstance(value, str):  # pure ASCII out, so the MAC covers exactly what the host reads
-        return '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _escape(c)
-                             for c in value) + '"'
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int | float):
-        return repr(value) if value == value and abs(value) != float("inf") else "null"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(to_json(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
-    return to_json(str(value))
+del sys.path[0]
+emit = guard_module.report
+hidden_source = guard_module.hidden_source
+COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
+               "GtE": "order"}
+PROBE = "__tempering_probe__"
+ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
-def _escape(char):
-    code = ord(char)
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+class _Fresh:
+    """An object no honest value equals or orders against."""
+
+    __slots__ = ()
 
 
-class Reporter:
-    def __init__(self, fd, key):
-        self._fd, self._key, self._seq = fd, key, 0
-        self._lock = _thread.allocate_lock()
-
-    def emit(self, **record):
-        with self._lock:
-            self._seq += 1
-            record["seq"] = self._seq
-            body = to_json(record)
-            mac = blake2b(body.encode(), key=self._key, digest_size=16).hexdigest()
-            line = f"\n{PREFIX} {mac} {body}\n".encode()  # a line of its own
-            while line:
-                line = line[os.write(self._fd, line):]
-
-
-class Watch:
-    """The audit hook: attributes each watched event to the nearest non-library frame."""
-
-    def __init__(self, reporter, workspace, tests, launcher_dir):
-        self.reporter = reporter
-        self.workspace = workspace.rstrip("/") + "/"
-        self.tests = tests.rstrip("/") + "/"
-        self.protected = (self.tests, launcher_dir.rstrip("/") + "/")
-        self.stdlib = os.path.dirname(os.__file__) + "/"
-        self.local = _thread._local()
-        self.pid = os.getpid()
-        self.seen = set()
-
-    def __call__(self, event, args):
-        if event not in WATCHED or getattr(self.local, "busy", False):
-            return
-        self.local.busy = True
+def probe(value, kind):
+    """``value``, unless it claims to equal (or order against) a fresh object, which only an
+    object made to pass any comparison does: then the assertion fails and it is flagged."""
+    if type(value) in (int, float, str, bytes, bool, complex, type(None)):
+        return value
+    suspects = [value]
+    for _ in range(1000):  # containers compare their items: look inside, bounded
+        if not suspects:
+            break
+        item = suspects.pop()
+        kind_of = type(item)
+        if kind_of in (list, tuple, set, frozenset):
+            suspects.extend(list(item)[:200])
+            continue
+        if kind_of is dict:
+            suspects.extend(list(item.values())[:200])
+            continue
+        if kind_of in (int, float, str, bytes, bool, complex, type(None)):
+            continue
         try:
-            self.check(event, args)
-        except Exception:  # a hook that raises would break the tested code, not protect it
-            pass
-        finally:
-            self.local.busy = False
+            fresh = _Fresh()
+            claims = bool(item == fresh) if kind == "eq" else bool(item < fresh)
+        except Exception:
+            continue
+        if claims:
+            name = type(item).__qualname__
+            emit("audit", flag="always_equal", detail=f"a {name} that claims to "
+                   f"{'equal' if kind == 'eq' else 'order against'} anything",
+                   where=str(getattr(type(item), "__module__", "?")))
+            raise AssertionError(f"{name} compares true with anything")
+    return value
 
-    def agent_caller(self, pass_through):
-        """Whether the nearest frame outside ``pass_through`` files is workspace code."""
-        frame = sys._getframe(3)
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if name.startswith(self.workspace) and not name.startswith(self.tests):
-                return name
-            if not pass_through(name):
-                return None
-            frame = frame.f_back
+
+def instrument(tree):
+    """Wrap each asserted comparison's non-literal operands in the probe (in place)."""
+    import ast
+
+    def literal(node):
+        try:
+            ast.literal_eval(node)
+            return True
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+
+    def wrap(node, kind):
+        if literal(node):
+            return node
+        call = ast.Call(func=ast.Name(PROBE, ast.Load()), args=[node, ast.Constant(kind)],
+                        keywords=[])
+        return ast.copy_location(call, node)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):
+            test = node.test
+            kinds = [COMPARE_OPS.get(type(op).__name__) for op in test.ops]
+            if len(kinds) == 1 and kinds[0] is not None:
+                test.left = wrap(test.left, kinds[0])
+                if kinds[0] != "eq" or type(test.ops[0]).__name__ == "Eq":
+                    test.comparators = [wrap(test.comparators[0], kinds[0])]
+    ast.fix_missing_locations(tree)
+    return tree
+
+
+def load_hidden(path, name, rewrite=None):
+    """The hidden module at ``path``, compiled from the guard's copy (None if it has none)."""
+    import ast
+
+    source = hidden_source(path)
+    if source is None:
+        return None
+    tree = instrument(ast.parse(source, filename=path))
+    if rewrite is not None:
+        rewrite(tree, source, path)
+    code = compile(tree, path, "exec", dont_inherit=True)
+    module = type(sys)(name)
+    module.__file__ = path
+    module.__dict__[PROBE] = probe
+    sys.modules[name] = module
+    exec(code, module.__dict__)
+    if module.__dict__.get(PROBE) is not probe:
+        emit("audit", flag="runner_tampered", detail=f"the probe of {path} was replaced",
+               where=path)
+    emit("loaded", module=module)
+    return module
+
+
+class HiddenFinder:
+    """Imports of the hidden tests' helper modules, served from the guard's copy."""
+
+    def __init__(self, tests):
+        self.tests = tests
+
+    def find_spec(self, fullname, path=None, target=None):
+        last = fullname.rpartition(".")[2]
+        for base in (path or [self.tests]):
+            for candidate, package in ((f"{base}/{last}.py", False),
+                                       (f"{base}/{last}/__init__.py", True)):
+                if not candidate.startswith(self.tests + "/") or \
+                        hidden_source(candidate) is None:
+                    continue
+                spec = ModuleSpec(fullname, self, origin=candidate, is_package=package)
+                spec.has_location = True
+                if package:
+                    spec.submodule_search_locations = [os.path.dirname(candidate)]
+                return spec
         return None
 
-    def is_protected(self, path):
-        return (path + "/").startswith(self.protected)
+    def create_module(self, spec):
+        return None
 
-    def library(self, name):
-        return name.startswith((self.stdlib, "<frozen")) and "/site-packages/" not in name
+    def exec_module(self, module):
+        import ast
 
-    def introspection_library(self, name):
-        return name.endswith(PASS_THROUGH_INTROSPECTION)
+        path = module.__spec__.origin
+        tree = instrument(ast.parse(hidden_source(path), filename=path))
+        module.__file__ = path
+        module.__dict__[PROBE] = probe
+        exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)
+        emit("loaded", module=module)
 
-    def flag(self, flag, detail, where):
-        if (flag, detail) not in self.seen:
-            self.seen.add((flag, detail))
-            self.reporter.emit(event="audit", flag=flag, detail=detail, where=where)
 
-    def check(self, event, args):
-        if event == "open":
-            path, mode = args[0], args[1]
-            if not isinstance(path, str):
-                return
-            full = os.path.abspath(path)
-            if not self.is_protected(full):
-                return
-            where = self.agent_caller(self.library)
-            if where is None:
-                return
-            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
-            writing = writing or (isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR))
-            self.flag("tests_modified" if writing else "read_tests", full, where)
-        elif event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod",
-                       "os.truncate"):
-            paths = [a for a in args if isinstance(a, str)]
-            if any(self.is_protected(os.path.abspath(p)) for p in paths):
-                where = self.agent_caller(self.library)
-                if where is not None:
-                    self.flag("tests_modified", f"{event} {paths[0]}", where)
-        elif event == "object.__getattr__":
-            if args[1] in FRAME_ATTRS:
-                where = self.agent_caller(self.introspection_library)
-                if where is not None:
-                    self.flag("introspection", f"frame attribute {args[1]}", where)
-        elif event in ("sys._getframe", "sys._current_frames", "gc.get_objects",
-                       "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile"):
-            where = self.agent_caller(self.introspection_library)
-            if where is not None:
-                self.flag("introspection", event, where)
-        elif event in ("compile", "code.__new__"):
-            filename = args[1] if len(args) > 1 else None
-            if isinstance(filename, str) and self.is_protected(os.path.abspath(filename)):
-                where = self.agent_caller(self.library)
-                if where is not None:
-                    self.flag("tests_modified", f"{event} as {filename}", where)
-        elif event == "ctypes.dlopen":
-            where = self.agent_caller(self.library)
-            if where is not None:
-                self.flag("ctypes", f"dlopen {args[0]}", where)
-        elif event in ("os.kill", "os.killpg"):
-            if args[0] in (self.pid, os.getppid(), 0, -1, os.getpgid(0)):
-                where = self.agent_caller(self.library)
-                if where is not None:
-                    self.flag("kills_test_process", f"{event}{tuple(args)}", where)
-        elif event == "import":
-            module = args[0]
-            if module.split(".")[0] in ("_pytest", "pytest", "pluggy", "ctypes"):
-                where = self.agent_caller(self.library)
-                if where is not None:
-                    flag = "ctypes" if module.startswith("ctypes") else "imports_pytest"
-                    self.flag(flag, module, where)
+def prepare(config, fd):
+    """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
+    workspace, tests = config["workspace"], config["tests"]
+    guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
+                                 config["launcher_dir"], config.pop("sources", {}))
+    guard.allow(probe, load_hidden, HiddenFinder.find_spec, HiddenFinder.exec_module,
+                *REPORTERS)
+    del guard  # from here on, only audit events reach it
+    guard_module.undumpable()
+    finder = next((i for i, f in enumerate(sys.meta_path)
+                   if getattr(f, "__name__", "") == "PathFinder"), len(sys.meta_path))
+    sys.meta_path.insert(finder, HiddenFinder(tests.rstrip("/")))
+    os.chdir(workspace)
+    sys.path.extend([tests, workspace])
+    return workspace, tests
 
 
 class Report:
-    """The pytest plugin: one line per collected test and per final outcome."""
+    """The pytest plugin: one line per collected test, test begun, outcome and test finished."""
 
-    def __init__(self, reporter):
-        self.reporter = reporter
+    def __init__(self):
         self.outcomes = {}
+        self.messages = {}
+
+    def pytest_sessionstart(self, session):
+        emit("seal")  # pytest and its plugins are loaded; the tests are not collected yet
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.reporter.emit(event="collect_error", id=report.nodeid,
-                               message=str(report.longrepr)[-1500:])
+            emit("collect_error", id=str(report.nodeid),
+                   message=_text(report.longrepr)[-1500:])
 
     def pytest_collection_finish(self, session):
-        self.reporter.emit(event="collected", ids=[item.nodeid for item in session.items])
+        emit("collected", ids=[str(item.nodeid) for item in session.items])
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        emit("begin", id=str(nodeid))
 
     def pytest_runtest_logreport(self, report):
-        outcome = self.outcomes.get(report.nodeid)
+        nodeid = str(report.nodeid)
+        outcome = self.outcomes.get(nodeid)
         xfail = hasattr(report, "wasxfail")
-        if report.when == "setup":
+        when = report.when
+        if when == "setup":
             outcome = ("xfailed" if xfail else "skipped") if report.skipped else (
                 "error" if report.failed else None)
-        elif report.when == "call":
+        elif when == "call":
             if report.passed:
                 outcome = "xpassed" if xfail else "passed"
             elif report.skipped:
                 outcome = "xfailed" if xfail else "skipped"
             else:
                 outcome = "failed"
-        elif report.when == "teardown" and report.failed and outcome in (None, "passed"):
+        elif when == "teardown" and report.failed and outcome in (None, "passed"):
             outcome = "error"
-        self.outcomes[report.nodeid] = outcome
-        if report.when == "teardown":
-            message = "" if outcome == "passed" else str(report.longrepr or "")[-1500:]
-            if not message and outcome != "passed":
-                message = self._message
-            self.reporter.emit(event="test", id=report.nodeid, outcome=outcome or "error",
-                               message=message)
-        elif not report.passed:
-            self._message = str(report.longrepr or "")[-1500:]
+        self.outcomes[nodeid] = outcome
+        if not report.passed:
+            self.messages[nodeid] = _text(report.longrepr)[-1500:]
+        if when == "teardown":
+            message = "" if outcome == "passed" else self.messages.get(nodeid, "")
+            emit("test", id=nodeid, outcome=str(outcome or "error"), message=message)
 
-    _message = ""
+    def pytest_runtest_logfinish(self, nodeid, location):
+        emit("finish", id=str(nodeid))
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        # Here, not after pytest.main: pytest's unconfigure then undoes its own class patches.
+        self.ended = True
+        emit("end", exitstatus=int(exitstatus))
+
+    ended = False
 
 
-def run_tests(config, reporter):
+def _text(value):
+    try:
+        return str(value or "")
+    except Exception as exc:  # an object of the tested code's whose str() raises
+        return f"<unprintable: {type(exc).__name__}>"
+
+
+def _tryfirst(plugin_class):
+    """pytest's reports reach the plugin before any other plugin's hook (which the tested code
+    could make raise) can stop them."""
     import pytest
 
-    workspace, tests = config["workspace"], config["tests"]
-    sys.addaudithook(Watch(reporter, workspace, tests, config["launcher_dir"]))
-    os.chdir(workspace)
-    sys.path.extend([tests, workspace])
+    for name in ("pytest_runtest_logreport", "pytest_runtest_logstart", "pytest_collectreport",
+                 "pytest_collection_finish"):
+        setattr(plugin_class, name, pytest.hookimpl(tryfirst=True)(getattr(plugin_class, name)))
+
+
+def run_tests(config, fd):
+    import pytest
+    from _pytest import config as pytest_config
+    from _pytest import python as pytest_python
+    from _pytest.assertion.rewrite import rewrite_asserts
+    from _pytest.pathlib import import_path, insert_missing_modules, module_name_from_path
+
+    workspace, tests = prepare(config, fd)
+    plugin = Report()
+    state = {}
+
+    def import_hidden(path, *, mode="importlib", root=None, **kwargs):
+        name = module_name_from_path(path, root) if root is not None else path.stem
+        module = load_hidden(str(path), name, lambda tree, source, where: rewrite_asserts(
+            tree, source, where, state.get("config")))
+        if module is None:
+            return import_path(path, mode=mode, root=root, **kwargs)
+        insert_missing_modules(sys.modules, name)
+        return module
+
+    class Configure:
+        def pytest_configure(self, config):
+            state["config"] = config
+
+    pytest_python.import_path = import_hidden
+    pytest_config.import_path = import_hidden
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    reporter.emit(event="start", pid=os.getpid())
+    emit("start", pid=os.getpid())
     code = pytest.main([
         "-c", config["ini"], "--rootdir", workspace, "--confcutdir", tests,
         "--import-mode=importlib", "-p", "no:cacheprovider", "-q", "--tb=short",
+        "--continue-on-collection-errors",
         "--no-header", "-rN", *config["args"], *config["canaries"]],
-        plugins=[Report(reporter)])
-    reporter.emit(event="end", exitstatus=int(code))
+        plugins=[plugin, Configure()])
+    if not plugin.ended:  # pytest stopped before the session could finish
+        emit("end", exitstatus=int(code))
 
 
-def run_plain(config, reporter):
+def run_plain(config, fd):
     """Test functions and ``Test*`` classes without fixtures, called directly: the same report
-    and audit hook as under pytest, without pytest's start-up (for suites like HumanEval)."""
-    from importlib.machinery import SourceFileLoader
-
-    workspace, tests = config["workspace"], config["tests"]
-    sys.addaudithook(Watch(reporter, workspace, tests, config["launcher_dir"]))
-    os.chdir(workspace)
-    sys.path.extend([tests, workspace])
+    and guard as under pytest, without pytest's start-up (for suites like HumanEval)."""
+    workspace, tests = prepare(config, fd)
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)  # the tested code's prints go nowhere; the report has its own fd
     os.dup2(quiet, 2)
-    reporter.emit(event="start", pid=os.getpid())
+    emit("seal")
+    emit("start", pid=os.getpid())
     files = []
     for arg in [*config["args"], *config["canaries"]]:  # a file given twice runs once
         path = os.path.join(workspace, arg)
@@ -270,9 +316,11 @@ def run_plain(config, reporter):
     for index, path in enumerate(dict.fromkeys(os.path.normpath(f) for f in files)):
         rel = os.path.relpath(path, workspace)
         try:
-            module = SourceFileLoader(f"tempering_test_{index}", path).load_module()
+            module = load_hidden(path, f"tempering_test_{index}")
+            if module is None:
+                raise ImportError(f"{rel} is not one of the hidden tests")
         except BaseException:
-            reporter.emit(event="collect_error", id=rel, message=_traceback())
+            emit("collect_error", id=rel, message=_traceback())
             continue
         for name, value in list(vars(module).items()):
             if name.startswith("test") and callable(value) and not isinstance(value, type):
@@ -284,8 +332,9 @@ def run_plain(config, reporter):
                     if method.startswith("test"):
                         items.append((f"{rel}::{name}::{method}",
                                       lambda cls=value, m=method: getattr(cls(), m)()))
-    reporter.emit(event="collected", ids=[item_id for item_id, _ in items])
+    emit("collected", ids=[item_id for item_id, _ in items])
     for item_id, function in [] if config.get("collect_only") else items:
+        emit("begin", id=item_id)
         try:
             function()
             outcome, message = "passed", ""
@@ -293,36 +342,61 @@ def run_plain(config, reporter):
             kind = type(exc).__name__
             outcome = {"Skipped": "skipped", "XFailed": "xfailed"}.get(kind, "failed")
             message = _traceback()
-        reporter.emit(event="test", id=item_id, outcome=outcome, message=message)
-    reporter.emit(event="end", exitstatus=0)
+        emit("test", id=item_id, outcome=outcome, message=message)
+        emit("finish", id=item_id)
+    emit("end", exitstatus=0)
 
 
 def _traceback():
     import traceback  # only on a failure: it costs 3 ms to import
 
-    return traceback.format_exc()[-1500:]
+    try:
+        return traceback.format_exc()[-1500:]
+    except Exception as exc:
+        return f"<unprintable traceback: {type(exc).__name__}>"
 
 
-def run_verifier(config, reporter):
+def run_verifier(config, fd):
     """Call ``function(workspace)`` from a task's verifier file; report its scores."""
     import importlib.util
 
-    os.chdir(config["workspace"])
-    sys.path.append(config["workspace"])
+    workspace, _ = prepare({**config, "tests": config.get("tests", "/nonexistent"),
+                            "launcher_dir": os.path.dirname(os.path.abspath(__file__))}, fd)
+    emit("seal")
     spec = importlib.util.spec_from_file_location("tempering_verifier", config["file"])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    scores = getattr(module, config["function"])(config["workspace"])
-    reporter.emit(event="scores", scores=scores)
+    scores = getattr(module, config["function"])(workspace)
+    emit("scores", scores=scores if guard_module._plain(scores) else str(scores))
+
+
+REPORTERS = (Report.pytest_sessionstart, Report.pytest_collectreport,
+             Report.pytest_collection_finish, Report.pytest_runtest_logstart,
+             Report.pytest_runtest_logreport, Report.pytest_runtest_logfinish,
+             Report.pytest_sessionfinish, run_tests,
+             run_plain, run_verifier)
+
+
+def _line(fd):
+    """One line from ``fd``, read without a buffer that would keep the key afterwards."""
+    parts = []
+    while not parts or not parts[-1].endswith(b"\n"):
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        parts.append(chunk)
+    return b"".join(parts).strip()
 
 
 def main():
-    if sys.argv[1:] == ["pytest"]:
+    runner = sys.argv[1]
+    if runner == "pytest":
         import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
-    config = marshal.loads(bytes.fromhex(sys.stdin.readline()))  # from the host: trusted
-    reporter = Reporter(os.dup(1), bytes.fromhex(config["key"]))
-    {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[sys.argv[1]](
-        config, reporter)
+
+        _tryfirst(Report)
+    config = marshal.loads(bytes.fromhex(_line(0).decode()))  # from the host: trusted
+    {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[runner](
+        config, os.dup(1))
     sys.stdout.flush()
     os._exit(0)  # nothing the tested code registered (atexit, threads) runs after the report
 

@@ -104,13 +104,28 @@ def grading(channel, request, seccomp):
         os.chdir(request["workdir"])
         creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
         channel.sendmsg([b"ready"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
-        config = marshal.loads(channel.recv(1 << 20))
-        reporter = inside.Reporter(channel.fileno(), bytes.fromhex(config["key"]))
-        inside.run_plain(config, reporter)
+        config = marshal.loads(_receive(channel))
+        for name in ("ctypes", "LIBC", "SockFprog"):  # the tested code must import ctypes anew
+            globals().pop(name, None)
+        inside.run_plain(config, channel.fileno())
     except BaseException as exc:  # the host sees a grading that never reported
         os.write(2, f"tempering-zygote: grading failed: {exc!r}\n".encode())
         os._exit(1)
     os._exit(0)
+
+
+def _receive(channel):
+    """One configuration message: a 4-byte length, then that many bytes (it holds the hidden
+    tests, which may not fit one datagram)."""
+    size = struct.unpack("=I", channel.recv(4))[0]
+    parts, got = [], 0
+    while got < size:
+        part = channel.recv(min(size - got, 1 << 20))
+        if not part:
+            raise EOFError("the host closed the channel mid-configuration")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def serve(control, seccomp):

@@ -44,6 +44,8 @@ NOTES: dict[str, str] = {
     "lint_unavailable": "ruff could not run: the lint component is 0",
     "rule_failed": "a task rule failed (see details)",
     "generated_dropped": "caches or bytecode in the workspace were ignored",
+    "tests_dir_edit": "a new file the agent put in the hidden tests directory was dropped",
+    "binary_dropped": "a compiled module was dropped (the task does not allow binaries)",
 }
 
 TestOutcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]

@@ -5,8 +5,12 @@ started before the workspace is filled, so it has imported pytest by the time th
 there; it then gets one line of configuration on stdin with a fresh key. Its report lines are
 checked here: a line whose MAC does not verify, or whose sequence number is out of order, is
 dropped and raises ``forged_report``. Two canary tests run among the hidden tests, in a file
-with a random name and the hidden tests' imports; one must pass and one must fail, or the
-runner was tampered with.
+named after a hidden test file, beside it, with test names taken from the hidden tests' and
+the hidden tests' imports; one must pass and one must fail, or the runner was tampered with.
+
+The hidden tests' Python files never reach the grading sandbox's disk as they are: the
+sandbox gets empty placeholders (so pytest still finds them) and the launcher gets their text
+in its configuration, which only its guard holds (``hidden_files``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import hmac
 import json
 import marshal
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,11 +27,16 @@ from importlib import resources
 
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
+from tempering.tasks.files import FileTree
 from tempering.tasks.task import pytest_args
 
-__all__ = ["Launcher", "TestRun", "parse_report", "parse_report_records", "pytest_args"]
+__all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_records",
+           "pytest_args"]
 
 LAUNCHER_DIR = "/tmp/.tempering"
+LAUNCHER_FILES = ("inside.py", "inside_guard.py")
+WORDS = ("basic", "edge", "extra", "more", "cases", "regression", "values", "inputs", "small",
+         "large", "mixed", "again", "other", "simple", "random", "known", "spec", "checks")
 PREFIX = "@@tempering "
 INI = """[pytest]
 addopts =
@@ -64,8 +74,9 @@ class Launcher:
     @classmethod
     async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
         """Start the launcher for ``runner`` (``pytest`` or ``plain``) in ``sb``."""
-        source = resources.files("tempering.reward").joinpath("inside.py").read_bytes()
-        await sb.write_file(f"{LAUNCHER_DIR}/inside.py", source)
+        package = resources.files("tempering.reward")
+        for name in LAUNCHER_FILES:
+            await sb.write_file(f"{LAUNCHER_DIR}/{name}", package.joinpath(name).read_bytes())
         await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
         command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
@@ -73,11 +84,13 @@ class Launcher:
         return cls(sb, command, runner)
 
     async def run(self, args: list[str], tests_dir: str, timeout: float,
-                  canary_imports: str = "", *, collect_only: bool = False) -> TestRun:
-        """Write the canaries, configure the launcher, and collect its checked report."""
+                  canary_imports: str = "", *, sources: Mapping[str, bytes] | None = None,
+                  collect_only: bool = False) -> TestRun:
+        """Write the canaries, configure the launcher, and collect its checked report;
+        ``sources`` are the hidden tests' Python files (``hidden_files``)."""
         plan = RunPlan(args, tests_dir, self.sb.spec.workdir, canary_imports,
-                       collect_only=collect_only, runner=self.runner)
-        await self.sb.write_file(plan.canary_path, plan.canary_text)
+                       collect_only=collect_only, runner=self.runner, sources=sources)
+        await self.sb.write_file(plan.canary_path, b"")
         await self.command.write(encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
@@ -97,34 +110,78 @@ class RunPlan:
 
     def __init__(self, args: list[str], tests_dir: str, workdir: str, canary_imports: str, *,
                  collect_only: bool = False, runner: str = "pytest",
-                 launcher_dir: str = LAUNCHER_DIR) -> None:
+                 launcher_dir: str = LAUNCHER_DIR,
+                 sources: Mapping[str, bytes] | None = None) -> None:
         self.key = secrets.token_bytes(32)
-        self.tag = secrets.token_hex(6)
-        self.holds, breaks = f"test_{secrets.token_hex(4)}", f"test_{secrets.token_hex(4)}"
+        workdir = workdir.rstrip("/")
+        sources = dict(sources or {})
+        self.canary_path, self.holds, breaks = _canary_names(sources, workdir, tests_dir)
+        self.tag = self.canary_path  # how the canaries' ids are told from the hidden tests'
         a, b = secrets.randbelow(1 << 30), secrets.randbelow(1 << 30) + (1 << 30)
-        self.canary_path = f"{tests_dir}/test_{self.tag}.py"
         first, second = sorted([(self.holds, f"assert {a} == {a}"),
                                 (breaks, f"assert {a} == {b}")],
                                key=lambda _: secrets.randbelow(2))
         self.canary_text = (f"{canary_imports}\n\ndef {first[0]}():\n    {first[1]}\n\n\n"
                             f"def {second[0]}():\n    {second[1]}\n")
+        sources[f"{workdir}/{self.canary_path}"] = self.canary_text.encode()
         paths = [a for a in args if not a.startswith("-")]
         covered = any(tests_dir == p.rstrip("/") or tests_dir.startswith(p.rstrip("/") + "/")
                       or p in (".", "./") for p in paths)
-        workdir = workdir.rstrip("/")
         self.args = args
         self.config = {
             "key": self.key.hex(), "workspace": workdir, "tests": f"{workdir}/{tests_dir}",
             "launcher_dir": launcher_dir, "ini": f"{launcher_dir}/pytest.ini",
             "args": [*args, "--collect-only"] if collect_only and runner == "pytest" else args,
             "canaries": [] if covered and paths else [self.canary_path],
-            "collect_only": collect_only}
+            "collect_only": collect_only, "sources": sources}
 
     def read(self, stdout: str) -> TestRun:
         run = parse_report(stdout, self.key, self.tag, self.holds)
         run.canary_expected = not any(a.startswith(("-k", "-m", "--deselect")) or "::" in a
                                       for a in self.args)
         return run
+
+
+def hidden_files(tests: FileTree, tests_dir: str,
+                 workdir: str) -> tuple[list[tuple[str, bytes, int]], dict[str, bytes]]:
+    """What of the hidden tests goes on the grading sandbox's disk (relative paths: empty
+    placeholders for the Python files, the other files as they are), and the Python files'
+    text by absolute path, for the launcher's guard."""
+    files, sources = [], {}
+    for path in tests:
+        rel = f"{tests_dir}/{path}"
+        if path.endswith(".py"):
+            sources[f"{workdir.rstrip('/')}/{rel}"] = tests[path]
+            files.append((rel, b"", 0o644))
+        else:
+            files.append((rel, tests[path], tests.mode(path)))
+    return files, sources
+
+
+def _canary_names(sources: Mapping[str, bytes], workdir: str,
+                  tests_dir: str) -> tuple[str, str, str]:
+    """(canary file, passing test's name, failing test's name), named like the hidden tests:
+    the file beside a hidden test file, after its name, the tests after its tests, so neither
+    the path, the names nor the order of collection sets them apart."""
+    rng = secrets.SystemRandom()
+    prefix = f"{workdir}/{tests_dir}/"
+    files = sorted(p[len(workdir) + 1:] for p in sources
+                   if p.startswith(prefix) and p.rsplit("/", 1)[-1].startswith("test_"))
+    names = sorted({m for p in files for m in _test_names(sources[f"{workdir}/{p}"])})
+    base = rng.choice(files)[:-3] if files else f"{tests_dir}/test_{rng.choice(WORDS)}"
+    taken = {p[len(workdir) + 1:] for p in sources}
+    path = f"{base}_{rng.choice(WORDS)}.py"
+    while path in taken:
+        path = f"{base}_{rng.choice(WORDS)}_{secrets.token_hex(2)}.py"
+    holds, breaks = rng.sample(names, 2) if len(names) >= 2 else ("test_holds", "test_breaks")
+    holds, breaks = f"{holds}_{rng.choice(WORDS)}", f"{breaks}_{rng.choice(WORDS)}"
+    if holds == breaks:
+        breaks += "_" + rng.choice(WORDS)
+    return path, holds, breaks
+
+
+def _test_names(source: bytes) -> list[str]:
+    return [n.decode() for n in re.findall(rb"^(?:async )?def (test\w*)\(", source, re.M)]
 
 
 def _human_log(stdout: str, tag: str) -> str:

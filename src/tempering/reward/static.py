@@ -7,8 +7,11 @@
 - Lint: ruff on the changed files with ``--isolated`` (no configuration from the workspace)
   and ``--ignore-noqa`` (suppression comments do not count).
 
-Parsing is done with ``ast`` on the text, never by importing it; files that do not parse are
-skipped here (the tests will fail them) and non-UTF-8 bytes are replaced.
+Parsing is done with ``ast`` on the text, never by importing it, and the text is decoded
+exactly as the interpreter will decode it (a BOM, or a ``coding:`` cookie naming latin-1 or
+utf-7): screening UTF-8 while Python reads another encoding would let a file hide what it
+does. Files that do not decode or parse are skipped here; the interpreter refuses them too, so
+the tests fail them.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import ast
 import asyncio
 import difflib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,10 +54,27 @@ class Findings:
 
 
 def python_sources(screened: Screened) -> dict[str, str]:
-    """Changed Python files that will be graded, as text."""
-    return {path: data[:MAX_PARSE_BYTES].decode("utf-8", errors="replace")
-            for path, data in screened.applied.items()
-            if data is not None and path.endswith(".py")}
+    """Changed Python files that will be graded, as the interpreter will read them."""
+    sources = {}
+    for path, data in screened.applied.items():
+        if data is not None and path.endswith(".py"):
+            text = decode_source(data, MAX_PARSE_BYTES)
+            if text is not None:
+                sources[path] = text
+    return sources
+
+
+def decode_source(data: bytes, limit: int | None = None) -> str | None:
+    """``data`` decoded as the interpreter decodes a source file (PEP 263: BOM or coding
+    cookie, else UTF-8), its first ``limit`` bytes if given; None where the interpreter would
+    refuse it."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        if limit is not None and len(data) > limit:  # a cut may split a character
+            return data[:limit].decode(encoding, errors="replace")
+        return data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError, ValueError):
+        return None
 
 
 class _Names(ast.NodeVisitor):

@@ -6,10 +6,16 @@ decides how the tests run: the hidden tests directory and the task's protected p
 configuration and conftest files, interpreter start-up hooks, plugin metadata, and modules
 named like pytest or the standard library. Those are dropped and flagged, so the hidden tests
 run the same way whatever the agent wrote; caches and bytecode are ignored silently.
+
+A flag zeroes the reward only where the edit is an attempt on the grading itself. What honest
+work also does is dropped with a note: the agent's own new test files in the tests directory
+(zeroing them would teach a model not to write tests), and compiled modules where the task
+does not allow them (Python would import ``stats.so`` before the ``stats.py`` the screen read).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import posixpath
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +28,8 @@ PYTEST_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "c
 # Standard-library names that honest code commonly reuses and nothing at test time imports.
 STDLIB_ALLOWED = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib",
                             "turtledemo", "test"})
+# Whatever the import system loads as an extension module, on any platform.
+BINARY_SUFFIXES = tuple(sorted({*importlib.machinery.EXTENSION_SUFFIXES, ".so", ".pyd"}))
 PYTEST_SECTIONS = {"pyproject.toml": "[tool.pytest", "setup.cfg": "[tool:pytest]",
                    "tox.ini": "[pytest]"}
 
@@ -62,7 +70,8 @@ def screen(task: Task, final: FileTree) -> Screened:
         if _generated(path):
             continue
         out.changed.append(path)
-        why = _why_dropped(path, new, protected, pristine)
+        why = _why_dropped(path, new, protected, pristine, grading.tests_dir,
+                           grading.allow_binaries)
         if why is not None:
             out.drop(path, *why)
             continue
@@ -77,14 +86,17 @@ def _generated(path: str) -> bool:
     return bool(GENERATED_DIRS & set(parts[:-1])) or path.endswith((".pyc", ".pyo"))
 
 
-def _why_dropped(path: str, data: bytes | None, protected: list[str],
-                 pristine: FileTree) -> tuple[str, str] | None:
+def _why_dropped(path: str, data: bytes | None, protected: list[str], pristine: FileTree,
+                 tests_dir: str, allow_binaries: bool) -> tuple[str, str] | None:
     """(flag, reason) if the edit of ``path`` must not be applied."""
     name = posixpath.basename(path)
-    if matches(path, protected):
-        return "protected_edit", "protected path"
     if name == "conftest.py":
         return "conftest", "conftest files can rewrite how tests run and report"
+    if (matches(path, [tests_dir]) and data is not None and path not in pristine
+            and not matches(path, protected[1:])):
+        return "tests_dir_edit", "a new file in the hidden tests directory (the agent's own test)"
+    if matches(path, protected):
+        return "protected_edit", "protected path"
     if name in ("pytest.ini", ".pytest.ini"):
         return "pytest_config", "pytest configuration"
     if name in PYTEST_SECTIONS and data is not None and PYTEST_SECTIONS[name].encode() in data:
@@ -95,6 +107,8 @@ def _why_dropped(path: str, data: bytes | None, protected: list[str],
         return "entry_points", "package metadata can declare pytest plugins"
     if data is None:
         return None  # deleting an ordinary file is an ordinary edit
+    if name.endswith(BINARY_SUFFIXES) and not allow_binaries:
+        return "binary_dropped", "a compiled module (the task does not allow binaries)"
     module = _top_module(path)
     if module is not None and path not in pristine:
         if module in PYTEST_MODULES:

@@ -40,8 +40,8 @@ def _bundle() -> Path:
     """The launcher and the zygote, plus the init's seccomp program, in a directory the sandbox
     user can read (named by their digest)."""
     package = resources.files("tempering.reward")
-    files = {name: package.joinpath(name).read_bytes() for name in ("inside.py",
-                                                                    "inside_zygote.py")}
+    files = {name: package.joinpath(name).read_bytes()
+             for name in ("inside.py", "inside_guard.py", "inside_zygote.py")}
     seccomp = subprocess.run([host().init, "--seccomp-filter"], capture_output=True,
                              check=True).stdout
     files["seccomp.bpf"] = seccomp
@@ -60,6 +60,14 @@ def _bundle() -> Path:
     return dest
 
 
+async def _send_config(loop: asyncio.AbstractEventLoop, channel: socket.socket,
+                       data: bytes) -> None:
+    """A length, then the configuration in datagrams a SOCK_SEQPACKET socket takes."""
+    await loop.sock_sendall(channel, struct.pack("=I", len(data)))
+    for start in range(0, len(data), 1 << 16):
+        await loop.sock_sendall(channel, data[start:start + (1 << 16)])
+
+
 class Forked:
     """One grading process in its own fresh sandbox, forked by the zygote."""
 
@@ -74,7 +82,7 @@ class Forked:
         code of the grading process as its parent saw it)."""
         loop = asyncio.get_running_loop()
         ooms = self.group.oom_kills()
-        await loop.sock_sendall(self.channel, marshal.dumps(config))
+        await _send_config(loop, self.channel, marshal.dumps(config))
         parts: list[bytes] = []
         timed_out = False
         try:

@@ -80,6 +80,10 @@ class GradingConfig(_Model):
     protected: list[str] = []
     """Glob patterns (or directories, ``data/``) the agent may not change: its edits there are
     dropped and flagged. The hidden tests directory is always protected."""
+    allow_binaries: bool = False
+    """Whether compiled modules the agent leaves (``*.so``, ``*.pyd``: Python imports them
+    before a ``.py`` of the same name) reach the grading sandbox. Off, they are dropped with
+    the ``binary_dropped`` note; turn it on for tasks that build extensions."""
 
     @model_validator(mode="after")
     def _plain_takes_paths(self) -> GradingConfig:
