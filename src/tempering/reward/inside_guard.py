@@ -160,7 +160,8 @@ class Integrity:
                 if keys is None:
                     out.append(label)
                 else:
-                    out += [f"{label}.{k}" for k, a, b in zip(keys, ids, now, strict=True) if a != b]
+                    out += [f"{label}.{k}" for k, a, b in zip(keys, ids, now, strict=True)
+                            if a != b]
         return out
 
 
