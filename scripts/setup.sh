@@ -19,6 +19,8 @@ command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)   # copy-on-write volume
 command -v cc >/dev/null || need+=(gcc)
 [ -e "/usr/lib/$arch_lib/libc.a" ] || need+=(libc6-dev)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3 python3-pytest)
+# Python.h: the red-team suite builds a C extension in a sandbox, as an agent could.
+ls /usr/include/python3*/Python.h >/dev/null 2>&1 || need+=(python3-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v ps >/dev/null || need+=(procps)
 command -v dockerd >/dev/null || need+=(docker.io)           # the docker backend's engine

@@ -412,10 +412,18 @@ class Guard:
                 self.flag("introspection", event, where)
         elif event in ("compile", "code.__new__"):
             filename = _text(args[1]) if len(args) > 1 else None
-            if filename is not None and self.is_protected(os.path.abspath(filename)):
+            if filename is None or _startswith(filename, "<"):
+                return
+            full = os.path.abspath(filename)
+            if self.is_protected(full):
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("tests_modified", f"{event} as {filename}", where)
+            elif not _startswith(full, self.workspace):
+                # Code named after a library file would pass for that library's frames.
+                where = self.caller(self.library)
+                if where is not None:
+                    self.flag("introspection", f"{event} as library file {filename}", where)
         elif event == "ctypes.dlopen":
             where = self.caller(self.library)
             if where is not None:
