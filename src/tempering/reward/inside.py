@@ -32,6 +32,10 @@ import inside_guard as guard_module  # noqa: E402 - from the launcher's own read
 del sys.path[0]
 emit = guard_module.report
 hidden_source = guard_module.hidden_source
+EQUALITY_CALLS = frozenset({
+    "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
+    "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertCountEqual",
+    "assertIn", "assert_equal", "assert_array_equal"})
 COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
                "GtE": "order"}
 PROBE = "__tempering_probe__"
@@ -78,7 +82,8 @@ def probe(value, kind):
 
 
 def instrument(tree):
-    """Wrap each asserted comparison's non-literal operands in the probe (in place)."""
+    """Wrap each asserted comparison's non-literal operands in the probe, and the compared
+    arguments of unittest's and numpy's equality assertions (in place)."""
     import ast
 
     def literal(node):
@@ -96,6 +101,9 @@ def instrument(tree):
         return ast.copy_location(call, node)
 
     for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and node.args and getattr(node.func, "attr", getattr(
+                node.func, "id", None)) in EQUALITY_CALLS):
+            node.args[:2] = [wrap(arg, "eq") for arg in node.args[:2]]
         if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):
             test = node.test
             kinds = [COMPARE_OPS.get(type(op).__name__) for op in test.ops]
@@ -107,26 +115,32 @@ def instrument(tree):
     return tree
 
 
-def load_hidden(path, name, rewrite=None):
-    """The hidden module at ``path``, compiled from the guard's copy (None if it has none)."""
+def load_hidden(path, name, rewrite=False):
+    """The hidden module at ``path``, compiled from the guard's copy (None if it has none),
+    with pytest's assertion rewriting if ``rewrite``. It takes no callable: the source must
+    not pass through anything a caller could supply."""
     import ast
 
     source = hidden_source(path)
     if source is None:
         return None
     tree = instrument(ast.parse(source, filename=path))
-    if rewrite is not None:
-        rewrite(tree, source, path)
+    if rewrite:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        rewrite_asserts(tree, source, path, None)
     code = compile(tree, path, "exec", dont_inherit=True)
+    del source, tree
     module = type(sys)(name)
     module.__file__ = path
     module.__dict__[PROBE] = probe
     sys.modules[name] = module
+    emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     if module.__dict__.get(PROBE) is not probe:
         emit("audit", flag="runner_tampered", detail=f"the probe of {path} was replaced",
-               where=path)
-    emit("loaded", module=module)
+             where=path)
+    emit("loaded", module=module)  # and its functions, as they are now, must stay
     return module
 
 
@@ -158,9 +172,12 @@ class HiddenFinder:
         import ast
 
         path = module.__spec__.origin
+        if type(module) is not type(sys) or not isinstance(path, str):
+            raise ImportError(f"not a module of the hidden tests: {module!r}")
         tree = instrument(ast.parse(hidden_source(path), filename=path))
         module.__file__ = path
         module.__dict__[PROBE] = probe
+        emit("loading", module=module)
         exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)
         emit("loaded", module=module)
 
@@ -198,6 +215,7 @@ class Report:
                    message=_text(report.longrepr)[-1500:])
 
     def pytest_collection_finish(self, session):
+        emit("hooks", pluginmanager=session.config.pluginmanager)  # as they run the tests
         emit("collected", ids=[str(item.nodeid) for item in session.items])
 
     def pytest_runtest_logstart(self, nodeid, location):
@@ -259,25 +277,18 @@ def run_tests(config, fd):
     import pytest
     from _pytest import config as pytest_config
     from _pytest import python as pytest_python
-    from _pytest.assertion.rewrite import rewrite_asserts
     from _pytest.pathlib import import_path, insert_missing_modules, module_name_from_path
 
     workspace, tests = prepare(config, fd)
     plugin = Report()
-    state = {}
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
         name = module_name_from_path(path, root) if root is not None else path.stem
-        module = load_hidden(str(path), name, lambda tree, source, where: rewrite_asserts(
-            tree, source, where, state.get("config")))
+        module = load_hidden(str(path), name, rewrite=True)
         if module is None:
             return import_path(path, mode=mode, root=root, **kwargs)
         insert_missing_modules(sys.modules, name)
         return module
-
-    class Configure:
-        def pytest_configure(self, config):
-            state["config"] = config
 
     pytest_python.import_path = import_hidden
     pytest_config.import_path = import_hidden
@@ -288,7 +299,7 @@ def run_tests(config, fd):
         "--import-mode=importlib", "-p", "no:cacheprovider", "-q", "--tb=short",
         "--continue-on-collection-errors",
         "--no-header", "-rN", *config["args"], *config["canaries"]],
-        plugins=[plugin, Configure()])
+        plugins=[plugin])
     if not plugin.ended:  # pytest stopped before the session could finish
         emit("end", exitstatus=int(code))
 

@@ -218,10 +218,16 @@ class Guard:
             self.integrity.add(label, mapping)
         self.sealed = True
 
-    def guard_tests(self, module):
-        """A hidden test module, once loaded: its functions and classes must stay."""
-        self.test_globals.add(id(vars(module)))
-        self.integrity.add_module(module.__name__, module)
+    def guard_hooks(self, manager):
+        """pytest's hook lists, as collection left them: no plugin may join or leave, and no
+        hook implementation may change its function, while the tests run."""
+        relay = getattr(manager, "hook", None)
+        for name, caller in list(vars(relay).items()) if relay is not None else []:
+            impls = getattr(caller, "_hookimpls", None)
+            if type(impls) is list:
+                self.integrity.add_sequence(f"pytest hook {name}", impls)
+                for impl in impls:
+                    self.integrity.add(f"pytest hook {name}", vars(impl), ("function",))
 
     # ---- the hook ----
 
@@ -268,14 +274,19 @@ class Guard:
             where = _text(getattr(code, "co_filename", None)) or "?"
             self.flag("forged_report", f"a report record from {where}", where)
             return
-        if record.get("event") == "loaded":  # a hidden test module, not a line
+        if record.get("event") in ("loading", "loaded"):  # a hidden test module, not a line
             module = record.get("module")
             if type(module) is type(sys):
-                self.guard_tests(module)
+                self.test_globals.add(id(vars(module)))
+                if record["event"] == "loaded":
+                    self.integrity.add_module(str(module.__name__), module)
             return
         if record.get("event") == "seal":
             if not self.sealed:
                 self.seal()
+            return
+        if record.get("event") == "hooks" and self.state == "started":
+            self.guard_hooks(record.get("pluginmanager"))
             return
         if not _plain(record):
             self.flag("runner_tampered", "a report record holding objects", "the report")
@@ -365,7 +376,7 @@ class Guard:
             path, mode = _text(args[0]), args[1]
             if path is None:
                 return
-            full = os.path.abspath(path)
+            full = os.path.realpath(path)  # through links the tested code may have made
             if _is_memory(full):
                 where = self.caller(self.library)
                 if where is not None:
@@ -382,7 +393,7 @@ class Guard:
         elif event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod",
                        "os.truncate"):
             paths = [p for p in map(_text, args) if p is not None]
-            if any(self.is_protected(os.path.abspath(p)) for p in paths):
+            if any(self.is_protected(os.path.realpath(p)) for p in paths):
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("tests_modified", f"{event} {paths[0]}", where)
