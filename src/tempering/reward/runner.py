@@ -19,12 +19,12 @@ import hashlib
 import hmac
 import json
 import marshal
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from tempering.reward import canary
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
 from tempering.tasks.files import FileTree
@@ -35,8 +35,6 @@ __all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_
 
 LAUNCHER_DIR = "/tmp/.tempering"
 LAUNCHER_FILES = ("inside.py", "inside_guard.py")
-WORDS = ("basic", "edge", "extra", "more", "cases", "regression", "values", "inputs", "small",
-         "large", "mixed", "again", "other", "simple", "random", "known", "spec", "checks")
 PREFIX = "@@tempering "
 INI = """[pytest]
 addopts =
@@ -54,6 +52,7 @@ class TestRun:
     outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)  # id: (outcome, message)
     audit: list[tuple[str, str, str]] = field(default_factory=list)  # (flag, detail, where)
     collect_errors: list[str] = field(default_factory=list)
+    canary_collect_error: bool = False  # the canary file failed to import (as the tests may)
     canaries: dict[str, str] = field(default_factory=dict)  # "pass"/"fail": outcome seen
     canary_expected: bool = True  # False when the task's own arguments select tests
     started: bool = False
@@ -102,11 +101,7 @@ class Launcher:
 
 
 class RunPlan:
-    """One test run's secrets and canaries, and how to read its report.
-
-    The canary file sits among the hidden tests under a random name, with random test names and
-    the hidden tests' own imports, so code that tampers with the runner cannot tell it from a
-    hidden test by its path, its name or what it imports."""
+    """One test run's secrets and canaries (``canary.py``), and how to read its report."""
 
     def __init__(self, args: list[str], tests_dir: str, workdir: str, canary_imports: str, *,
                  collect_only: bool = False, runner: str = "pytest",
@@ -115,14 +110,9 @@ class RunPlan:
         self.key = secrets.token_bytes(32)
         workdir = workdir.rstrip("/")
         sources = dict(sources or {})
-        self.canary_path, self.holds, breaks = _canary_names(sources, workdir, tests_dir)
+        chosen = canary.make(sources, workdir, tests_dir, canary_imports)
+        self.canary_path, self.canary_text, self.holds = chosen.path, chosen.text, chosen.holds
         self.tag = self.canary_path  # how the canaries' ids are told from the hidden tests'
-        a, b = secrets.randbelow(1 << 30), secrets.randbelow(1 << 30) + (1 << 30)
-        first, second = sorted([(self.holds, f"assert {a} == {a}"),
-                                (breaks, f"assert {a} == {b}")],
-                               key=lambda _: secrets.randbelow(2))
-        self.canary_text = (f"{canary_imports}\n\ndef {first[0]}():\n    {first[1]}\n\n\n"
-                            f"def {second[0]}():\n    {second[1]}\n")
         sources[f"{workdir}/{self.canary_path}"] = self.canary_text.encode()
         paths = [a for a in args if not a.startswith("-")]
         covered = any(tests_dir == p.rstrip("/") or tests_dir.startswith(p.rstrip("/") + "/")
@@ -156,32 +146,6 @@ def hidden_files(tests: FileTree, tests_dir: str,
         else:
             files.append((rel, tests[path], tests.mode(path)))
     return files, sources
-
-
-def _canary_names(sources: Mapping[str, bytes], workdir: str,
-                  tests_dir: str) -> tuple[str, str, str]:
-    """(canary file, passing test's name, failing test's name), named like the hidden tests:
-    the file beside a hidden test file, after its name, the tests after its tests, so neither
-    the path, the names nor the order of collection sets them apart."""
-    rng = secrets.SystemRandom()
-    prefix = f"{workdir}/{tests_dir}/"
-    files = sorted(p[len(workdir) + 1:] for p in sources
-                   if p.startswith(prefix) and p.rsplit("/", 1)[-1].startswith("test_"))
-    names = sorted({m for p in files for m in _test_names(sources[f"{workdir}/{p}"])})
-    base = rng.choice(files)[:-3] if files else f"{tests_dir}/test_{rng.choice(WORDS)}"
-    taken = {p[len(workdir) + 1:] for p in sources}
-    path = f"{base}_{rng.choice(WORDS)}.py"
-    while path in taken:
-        path = f"{base}_{rng.choice(WORDS)}_{secrets.token_hex(2)}.py"
-    holds, breaks = rng.sample(names, 2) if len(names) >= 2 else ("test_holds", "test_breaks")
-    holds, breaks = f"{holds}_{rng.choice(WORDS)}", f"{breaks}_{rng.choice(WORDS)}"
-    if holds == breaks:
-        breaks += "_" + rng.choice(WORDS)
-    return path, holds, breaks
-
-
-def _test_names(source: bytes) -> list[str]:
-    return [n.decode() for n in re.findall(rb"^(?:async )?def (test\w*)\(", source, re.M)]
 
 
 def _human_log(stdout: str, tag: str) -> str:
@@ -239,7 +203,10 @@ def _apply(run: TestRun, record: dict[str, object], tag: str, holds: str) -> Non
         ids = record.get("ids")
         run.collected = [str(i) for i in ids if tag not in str(i)] if isinstance(ids, list) else []
     elif event == "collect_error":
-        run.collect_errors.append(f"{record.get('id')}: {str(record.get('message'))[-300:]}")
+        if tag in str(record.get("id")):
+            run.canary_collect_error = True
+        else:
+            run.collect_errors.append(f"{record.get('id')}: {str(record.get('message'))[-300:]}")
     elif event == "test":
         test_id, outcome = str(record.get("id")), str(record.get("outcome"))
         if tag in test_id:

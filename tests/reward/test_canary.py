@@ -1,0 +1,72 @@
+"""The canaries are named, placed and written like the hidden tests they hide among."""
+
+from __future__ import annotations
+
+import ast
+
+from tempering.reward import canary
+from tempering.tasks.humaneval import load_humaneval
+
+MEDIAN = b"""import pytest
+
+from stats import median
+
+
+def test_odd():
+    assert median([3, 1, 2]) == 2
+
+
+def test_even():
+    assert median([4, 1, 3, 2]) == 2.5
+
+
+def test_empty_raises():
+    with pytest.raises(ValueError):
+        median([])
+"""
+
+
+def test_canaries_sit_beside_a_hidden_file_and_borrow_its_names() -> None:
+    seen = set()
+    for _ in range(30):
+        made = canary.make({"/w/tests/test_median.py": MEDIAN}, "/w", "tests", "")
+        assert made.path.startswith("tests/test_median_") and made.path.endswith(".py")
+        assert made.holds.split("_")[1] in ("odd", "even", "empty")
+        assert made.breaks.startswith(("test_odd_", "test_even_"))  # mutable first asserts
+        tree = ast.parse(made.text)
+        names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert sorted(names) == sorted([made.holds, made.breaks])
+        assert "from stats import median" in made.text  # it calls the solution as they do
+        seen.add(made.path)
+    assert len(seen) > 3  # the name is drawn, not fixed
+
+
+def test_the_failing_canary_is_a_mutant_that_fails_for_the_right_answer() -> None:
+    made = canary.make({"/w/tests/test_median.py": MEDIAN}, "/w", "tests", "")
+    scope: dict[str, object] = {}
+    source = made.text.replace("import pytest\n", "").replace(
+        "from stats import median", "from statistics import median")
+    exec(compile(source, "canary", "exec"), scope)
+    broke = False
+    try:
+        scope[made.breaks]()  # type: ignore[operator]
+    except AssertionError:
+        broke = True
+    assert broke, made.text
+    scope[made.holds]()  # type: ignore[operator]
+
+
+def test_most_humaneval_problems_get_a_mutant_canary() -> None:
+    mutants = 0
+    for task in load_humaneval():
+        made = canary.make({"/w/tests/test_humaneval.py": task.tests["test_humaneval.py"]},
+                           "/w", "tests", "")
+        ast.parse(made.text)
+        mutants += "def check(" in made.text
+    assert mutants >= 120  # the rest: check() does not open with a literal comparison
+
+
+def test_without_hidden_python_files_the_canaries_still_come() -> None:
+    made = canary.make({}, "/w", "tests", "import os\n")
+    assert made.path.startswith("tests/test_") and made.holds != made.breaks
+    assert "import os" in made.text
