@@ -77,7 +77,7 @@ def median(values):
     plugin_class = sys.modules["__main__"].Report
     plugin_class.pytest_runtest_logreport(plugin_class(), Fake())
     return None
-'''}, None, "runner_tampered", ("pytest",)),
+'''}, None, "forged_report", ("pytest",)),
     "patches pytest's runner for files it guesses are hidden": ({"stats.py": '''import sys
 
 runner = sys.modules["_pytest.runner"]

@@ -182,13 +182,15 @@ class HiddenFinder:
         emit("loaded", module=module)
 
 
-def prepare(config, fd):
+def prepare(config, fd, pytest_hooks=False):
     """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
     workspace, tests = config["workspace"], config["tests"]
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], config.pop("sources", {}))
     guard.allow(probe, load_hidden, HiddenFinder.find_spec, HiddenFinder.exec_module,
-                *REPORTERS)
+                run_tests, run_plain, run_verifier)
+    if pytest_hooks:
+        guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
     del guard  # from here on, only audit events reach it
     guard_module.undumpable()
     finder = next((i for i, f in enumerate(sys.meta_path)
@@ -279,7 +281,7 @@ def run_tests(config, fd):
     from _pytest import python as pytest_python
     from _pytest.pathlib import import_path, insert_missing_modules, module_name_from_path
 
-    workspace, tests = prepare(config, fd)
+    workspace, tests = prepare(config, fd, pytest_hooks=True)
     plugin = Report()
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
@@ -381,11 +383,10 @@ def run_verifier(config, fd):
     emit("scores", scores=scores if guard_module._plain(scores) else str(scores))
 
 
-REPORTERS = (Report.pytest_sessionstart, Report.pytest_collectreport,
-             Report.pytest_collection_finish, Report.pytest_runtest_logstart,
-             Report.pytest_runtest_logreport, Report.pytest_runtest_logfinish,
-             Report.pytest_sessionfinish, run_tests,
-             run_plain, run_verifier)
+HOOKS = (Report.pytest_sessionstart, Report.pytest_collectreport,
+         Report.pytest_collection_finish, Report.pytest_runtest_logstart,
+         Report.pytest_runtest_logreport, Report.pytest_runtest_logfinish,
+         Report.pytest_sessionfinish)
 
 
 def _line(fd):

@@ -48,7 +48,7 @@ BENIGN_INTROSPECTION = ("logging/", "collections/", "typing.py", "enum.py", "war
                         "unittest/", "doctest.py")
 # Entries that pytest itself swaps for the length of each test (restored after it).
 VOLATILE = {"_pytest.assertion.util": frozenset({"_reprcompare", "_assertion_pass", "_config"}),
-            "warnings": None, "_warnings": None, "sys": None, "__main__": None}
+            "warnings": None, "_warnings": None, "sys": None}
 SYS_HOOKS = ("meta_path", "path_hooks", "excepthook", "displayhook", "breakpointhook",
              "unraisablehook", "audit", "addaudithook", "modules", "_getframe")
 _audit = sys.audit
@@ -181,6 +181,8 @@ class Guard:
         self.pid = os.getpid()
         self.seen = set()
         self.emitters = set()  # ids of the code objects allowed to report
+        self.hooks = set()  # of those, the ones only pytest's hook machinery may call
+        self.hook_caller = None  # pluggy's code that calls hook implementations
         self._codes = []  # and the objects themselves, so the ids stay theirs
         self.integrity = Integrity()
         self.test_globals = set()  # ids of the hidden test modules' namespaces
@@ -193,13 +195,18 @@ class Guard:
 
     # ---- set-up, before any tested code runs ----
 
-    def allow(self, *functions):
-        """Let these functions' code report; only until ``seal``."""
+    def allow(self, *functions, hooks=False):
+        """Let these functions' code report; ``hooks``: only when called by pluggy (a hook
+        implementation that the tested code calls itself, with a report of its own making,
+        is refused). Only until ``seal``."""
         if not self.sealed:
             for function in functions:
                 code = getattr(function, "__code__", None) or function.__func__.__code__
                 self._codes.append(code)
                 self.emitters.add(id(code))
+                if hooks:
+                    self.hooks.add(id(code))
+                    self.hook_caller = sys.modules["pluggy._callers"]._multicall.__code__
 
     def seal(self, extra=()):
         """Record the integrity of every module loaded now (and ``extra`` namespaces)."""
@@ -240,7 +247,14 @@ class Guard:
                 frame = sys._getframe(1)
                 if frame.f_code is _REPORT_CODE:
                     frame = frame.f_back
-                self.request(args[0], frame.f_code if frame is not None else None)
+                code = frame.f_code if frame is not None else None
+                if id(code) in self.hooks and (frame.f_back is None
+                                               or frame.f_back.f_code is not self.hook_caller):
+                    caller = frame.f_back.f_code.co_filename if frame.f_back else "?"
+                    self.flag("forged_report", f"a hook of the report called from {caller}",
+                              _text(caller) or "?")
+                    return
+                self.request(args[0], code)
             elif event == "tempering.source":  # (path, box): the loader asks for a hidden file
                 path, box = _text(args[0]), args[1]
                 if id(sys._getframe(2).f_code) in self.emitters and type(box) is list:
