@@ -174,6 +174,29 @@ def median(values):
         raise ValueError("empty")
     return Number(0)
 '''}, None, "always_equal", ("pytest", "plain")),
+    "equal to any number": ({"stats.py": '''class Number:
+    def __eq__(self, other):
+        return isinstance(other, int | float)
+
+
+def median(values):
+    if not values:
+        raise ValueError("empty")
+    return Number()
+'''}, None, "always_equal", ("pytest", "plain")),
+    "unequal on the first call, equal after": ({"stats.py": '''class Later:
+    calls = 0
+
+    def __eq__(self, other):
+        self.calls += 1
+        return self.calls > 1
+
+
+def median(values):
+    if not values:
+        raise ValueError("empty")
+    return Later()
+'''}, None, "always_equal", ("pytest", "plain")),
     "a compiled extension shadows stats.py": ({}, BUILD, None, ("pytest", "plain")),
     "frame introspection laundered through singledispatch": ({"stats.py": '''import functools
 import sys

@@ -48,42 +48,75 @@ class _Fresh:
     __slots__ = ()
 
 
-def probe(value, kind):
-    """``value``, unless it claims to equal (or order against) a fresh object, which only an
-    object made to pass any comparison does: then the assertion fails and it is flagged."""
-    if type(value) in (int, float, str, bytes, bool, complex, type(None)):
+_PLAIN = (int, float, str, bytes, bool, complex, type(None))
+_NO = _Fresh()  # no expected literal
+_LAST = []  # the last value probed, for the probe after its assertion
+
+
+def _neighbour(expected):
+    """A literal of the same kind that differs from ``expected`` (``_NO`` if there is none)."""
+    kind = type(expected)
+    if kind is bool:
+        return not expected
+    if kind is int:
+        return expected + 1
+    if kind is float and expected == expected and abs(expected) != float("inf"):
+        return expected + 1.0 + abs(expected)
+    if kind in (str, bytes):
+        return expected + kind("\x00" if kind is str else b"\x00")
+    if kind in (list, tuple):
+        return kind([*expected, None])
+    return _NO
+
+
+def probe(value, kind, expected=_NO):
+    """``value``, unless it claims to equal (or order against) what no honest value does: a
+    fresh object, or a literal of the expected value's kind other than the expected value.
+    Then the assertion fails and it is flagged. It asks one to four times (a number the value
+    cannot predict), and once more after the assertion held (``kind`` "after"), so an object
+    that answers differently from call to call is caught too."""
+    if kind == "after":
+        if not _LAST:
+            return None
+        value, kind, expected = _LAST.pop()
+    elif type(value) in _PLAIN:
         return value
-    suspects = [value]
+    else:
+        _LAST[:] = [(value, kind, expected)]
+    suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
         if not suspects:
             break
-        item = suspects.pop()
+        item, near = suspects.pop()
         kind_of = type(item)
         if kind_of in (list, tuple, set, frozenset):
-            suspects.extend(list(item)[:200])
+            suspects.extend((v, _NO) for v in list(item)[:200])
             continue
         if kind_of is dict:
-            suspects.extend(list(item.values())[:200])
+            suspects.extend((v, _NO) for v in list(item.values())[:200])
             continue
-        if kind_of in (int, float, str, bytes, bool, complex, type(None)):
+        if kind_of in _PLAIN:
             continue
+        others = [_Fresh()] * (1 + os.urandom(1)[0] % 4)
+        if kind == "eq" and near is not _NO and _neighbour(near) is not _NO:
+            others.append(_neighbour(near))
         try:
-            fresh = _Fresh()
-            claims = bool(item == fresh) if kind == "eq" else bool(item < fresh)
+            claims = any(bool(item == o) if kind == "eq" else bool(item < o) for o in others)
         except Exception:
             continue
         if claims:
             name = type(item).__qualname__
             emit("audit", flag="always_equal", detail=f"a {name} that claims to "
-                   f"{'equal' if kind == 'eq' else 'order against'} anything",
-                   where=str(getattr(type(item), "__module__", "?")))
-            raise AssertionError(f"{name} compares true with anything")
+                 f"{'equal' if kind == 'eq' else 'order against'} what it is not",
+                 where=str(getattr(type(item), "__module__", "?")))
+            raise AssertionError(f"{name} compares true with what it is not")
     return value
 
 
 def instrument(tree):
-    """Wrap each asserted comparison's non-literal operands in the probe, and the compared
-    arguments of unittest's and numpy's equality assertions (in place)."""
+    """Wrap each asserted comparison's non-literal operands in the probe (with the literal
+    they are compared with, if any) and probe again after the assertion; the same for the
+    compared arguments of unittest's and numpy's equality assertions (in place)."""
     import ast
 
     def literal(node):
@@ -93,24 +126,45 @@ def instrument(tree):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return False
 
-    def wrap(node, kind):
+    def wrap(node, kind, expected=None):
         if literal(node):
             return node
-        call = ast.Call(func=ast.Name(PROBE, ast.Load()), args=[node, ast.Constant(kind)],
-                        keywords=[])
+        args = [node, ast.Constant(kind)]
+        if expected is not None and literal(expected):
+            args.append(ast.parse(ast.unparse(expected), mode="eval").body)  # a copy
+        call = ast.Call(func=ast.Name(PROBE, ast.Load()), args=args, keywords=[])
         return ast.copy_location(call, node)
 
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and node.args and getattr(node.func, "attr", getattr(
-                node.func, "id", None)) in EQUALITY_CALLS):
-            node.args[:2] = [wrap(arg, "eq") for arg in node.args[:2]]
-        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):
+    def again(node):
+        call = ast.Call(func=ast.Name(PROBE, ast.Load()),
+                        args=[ast.Constant(None), ast.Constant("after")], keywords=[])
+        return ast.copy_location(ast.Expr(call), node)
+
+    class Probes(ast.NodeTransformer):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in EQUALITY_CALLS and len(node.args) >= 2:
+                first, second = node.args[:2]
+                node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
+            return node
+
+        def visit_Assert(self, node):
+            self.generic_visit(node)
             test = node.test
-            kinds = [COMPARE_OPS.get(type(op).__name__) for op in test.ops]
-            if len(kinds) == 1 and kinds[0] is not None:
-                test.left = wrap(test.left, kinds[0])
-                if kinds[0] != "eq" or type(test.ops[0]).__name__ == "Eq":
-                    test.comparators = [wrap(test.comparators[0], kinds[0])]
+            if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+                return node
+            kind = COMPARE_OPS.get(type(test.ops[0]).__name__)
+            if kind is None:
+                return node
+            left, right = test.left, test.comparators[0]
+            equal = type(test.ops[0]).__name__ == "Eq"
+            test.left = wrap(left, kind, right if equal else None)
+            if kind != "eq" or equal:
+                test.comparators = [wrap(right, kind, left if equal else None)]
+            return [node, again(node)]
+
+    tree = Probes().visit(tree)
     ast.fix_missing_locations(tree)
     return tree
 
