@@ -1,0 +1,90 @@
+"""Gradings forked from one zygote share nothing.
+
+Each test grades agent files through the real ``Grader`` (the zygote runs for HumanEval's
+``plain`` runner): the solution is the attack. What it finds comes back as its failure message,
+the last line of the hidden test's traceback."""
+
+from __future__ import annotations
+
+import writable
+from tempering.reward import Grader, RewardResult
+from tempering.sandbox.host import host
+from tempering.tasks import Task
+from tempering.tasks.humaneval import load_humaneval
+
+# The whole filesystem, tried as the grading uid (``tests/writable.py``); what it finds is the
+# hidden test's failure.
+WALK = writable.WALK + """
+
+def has_close_elements(numbers, threshold):
+    assert False, walk(("/workspace", "/tmp", "/dev/shm"), LEAVE)
+"""
+
+# Leaves 200 MiB in /dev/shm (or as much as it may), then solves the task.
+FILL = '''import os
+
+try:
+    with open("/dev/shm/fill-" + os.urandom(8).hex(), "wb") as f:
+        for _ in range(200):
+            f.write(bytes(1 << 20))
+except OSError:
+    pass
+
+
+def has_close_elements(numbers, threshold):
+    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+'''
+
+def _task() -> Task:
+    return load_humaneval()[0]  # has_close_elements; graded by the zygote
+
+
+async def _grade(grader: Grader, source: str) -> RewardResult:
+    task = _task()
+    return await grader.grade_files(task, task.workspace.overlay({"solution.py": source.encode()}))
+
+
+def _found(result: RewardResult) -> dict[str, list[str]]:
+    [test] = result.tests
+    assert "AssertionError: {" in test.message, test.message
+    return writable.parse(test.message)
+
+
+def _forked(grader: Grader) -> bool:
+    return any(z.alive for z in grader._zygotes.values())  # noqa: SLF001 - which path graded
+
+
+async def test_a_grading_can_write_only_its_own_storage_and_finds_nothing_of_earlier_ones(
+) -> None:
+    async with Grader() as grader:
+        first = _found(await _grade(grader, "LEAVE = True\n" + WALK))
+        second = _found(await _grade(grader, "LEAVE = False\n" + WALK))
+        assert _forked(grader)
+    for found in (first, second):
+        assert found["own"] == ["/dev/shm", "/tmp", "/workspace"], found
+        assert found["others"] == [], found  # not /dev, /run, /var/tmp, /.tempering...
+    assert second["marks"] == [], second
+
+
+def _owner_memory() -> int:
+    """Memory charged below this process's sandbox cgroups, live or removed (a removed cgroup's
+    tmpfs pages stay charged to its parent)."""
+    h = host()
+    dirs = h.hierarchy.owner_dirs(h.tag)
+    if h.hierarchy.version == 1:
+        return int((dirs["memory"] / "memory.usage_in_bytes").read_text())
+    return int((dirs[""] / "memory.current").read_text())
+
+
+async def test_what_gradings_leave_in_dev_shm_does_not_accumulate() -> None:
+    task = _task()
+    solved = task.workspace.overlay(dict(task.solution.files))  # type: ignore[union-attr]
+    async with Grader() as grader:
+        assert (await grader.grade_files(task, solved)).reward == 1.0  # the zygote is up
+        before = _owner_memory()
+        for _ in range(4):
+            assert (await _grade(grader, FILL)).reward == 1.0
+        grown = _owner_memory() - before
+        assert _forked(grader)
+    # Four gradings of 200 MiB each: at most the last one's disk (64 MiB) may still be there.
+    assert grown < 150 << 20, f"{grown >> 20} MiB left behind by four gradings"
