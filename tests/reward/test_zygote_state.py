@@ -1,10 +1,12 @@
-"""Gradings forked from one zygote share nothing.
+"""Gradings forked from one zygote share nothing, and their report channel cannot fill the host.
 
 Each test grades agent files through the real ``Grader`` (the zygote runs for HumanEval's
 ``plain`` runner): the solution is the attack. What it finds comes back as its failure message,
 the last line of the hidden test's traceback."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import writable
 from tempering.reward import Grader, RewardResult
@@ -34,6 +36,26 @@ except OSError:
 def has_close_elements(numbers, threshold):
     return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
 '''
+
+# Sends 512 MiB down every socket and pipe it holds: the report channel is one of them.
+FLOOD = '''import os
+import stat
+
+line = b"x" * 65535 + b"\\n"
+for fd in range(3, 256):
+    try:
+        if not (stat.S_ISSOCK(os.fstat(fd).st_mode) or stat.S_ISFIFO(os.fstat(fd).st_mode)):
+            continue
+        for _ in range((512 << 20) // len(line)):
+            os.write(fd, line)
+    except OSError:
+        pass
+
+
+def has_close_elements(numbers, threshold):
+    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+'''
+
 
 def _task() -> Task:
     return load_humaneval()[0]  # has_close_elements; graded by the zygote
@@ -88,3 +110,37 @@ async def test_what_gradings_leave_in_dev_shm_does_not_accumulate() -> None:
         assert _forked(grader)
     # Four gradings of 200 MiB each: at most the last one's disk (64 MiB) may still be there.
     assert grown < 150 << 20, f"{grown >> 20} MiB left behind by four gradings"
+
+
+def _rss(field: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith(field + ":"))
+    return int(line.split()[1]) << 10
+
+
+async def _flood_growth(grader: Grader) -> tuple[int, RewardResult]:
+    """How far this process's peak RSS rose over its RSS while one flooding grading ran."""
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    before = _rss("VmRSS")
+    result = await _grade(grader, FLOOD)
+    return _rss("VmHWM") - before, result
+
+
+async def test_a_flood_on_the_zygote_report_channel_is_cut_at_the_limit() -> None:
+    async with Grader() as grader:
+        await _grade(grader, FLOOD)  # the zygote and this process's buffers are warm
+        grown, result = await _flood_growth(grader)
+        assert _forked(grader)
+    limit = 8 << 20  # GRADING_OUTPUT_LIMIT
+    assert grown < 2 * limit, f"host RSS grew {grown >> 20} MiB"
+    assert result.reward == 0.0 and result.tests_passed == 0
+    assert "went over" in result.log, result.log
+
+
+async def test_a_flood_on_the_launcher_report_keeps_the_host_bounded() -> None:
+    async with Grader(zygote=False) as grader:
+        await _grade(grader, FLOOD)
+        grown, result = await _flood_growth(grader)
+        assert not grader._zygotes  # noqa: SLF001 - a launcher sandbox graded it
+    assert grown < 6 * (8 << 20), f"host RSS grew {grown >> 20} MiB"
+    assert result.log, "the launcher's output was not read"
