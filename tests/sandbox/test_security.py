@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import writable
 from tempering.errors import SandboxPathError
 from tempering.sandbox import SandboxPool, open_sandbox
 
@@ -112,6 +113,29 @@ async def test_system_is_read_only(sb) -> None:
     for target in ("/usr/bin/evil", "/etc/evil", "/evil", "/bin/evil"):
         r = await sb.exec(f"echo x > {target}")
         assert r.exit_code != 0, target
+
+
+async def test_only_the_sandbox_storage_is_writable(make_spec) -> None:
+    own = ("/workspace", "/tmp", "/dev/shm")
+    walk = writable.WALK + f"\nprint(walk({own!r}, LEAVE))\n"
+    async with open_sandbox(make_spec()) as first, open_sandbox(make_spec()) as second:
+        left = await first.exec(["python3", "-c", "LEAVE = True\n" + walk], timeout=60)
+        found = await second.exec(["python3", "-c", "LEAVE = False\n" + walk], timeout=60)
+    for result in (left, found):
+        assert result.exit_code == 0, result.stderr
+        seen = writable.parse(result.stdout)
+        assert seen["own"] == sorted(own) and seen["others"] == [], seen  # /dev, /run...
+    assert writable.parse(found.stdout)["marks"] == []
+
+
+async def test_dev_shm_counts_in_the_disk_limit(make_spec, backend) -> None:
+    if backend != "local":
+        pytest.skip("the docker backend's /dev/shm is the engine's own tmpfs (64 MiB ShmSize)")
+    async with open_sandbox(make_spec(disk_mb=8, memory_mb=256)) as sb:
+        r = await sb.exec("head -c 6M /dev/zero > /tmp/six && head -c 16M /dev/zero > "
+                          "/dev/shm/fill; sync; du -sk /dev/shm/fill | cut -f1")
+        assert "No space left" in r.stderr or "Disk quota exceeded" in r.stderr, r
+        assert int(r.stdout) <= 2 * 1024 + 512  # what /tmp left of the one budget
 
 
 async def test_host_private_paths_are_absent(sb) -> None:

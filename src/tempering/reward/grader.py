@@ -223,9 +223,13 @@ class Grader:
             files += placeholders  # last: the hidden tests win any clash
             files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
-            text, timed_out, oom, code = await forked.run(plan.config, grading.timeout_s)
-            run = plan.read(text)
-            run.timed_out, run.oom, run.exit_code = timed_out, oom, code
+            report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
+            run = plan.read(report.text)
+            run.timed_out, run.oom = report.timed_out, report.oom_killed
+            run.exit_code, run.truncated = report.exit_code, report.truncated
+            if report.truncated:
+                run.log = (f"tempering: the report went over {spec.output_limit_bytes} bytes; "
+                           "the grading was stopped there\n")
             return run
         finally:
             await asyncio.to_thread(forked.close)

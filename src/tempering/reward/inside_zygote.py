@@ -7,7 +7,8 @@ the common standard modules, and then serves GRADE requests from the host. For e
 forks a child that
 
 1. unshares new mount, pid, net, ipc and uts namespaces and mounts one fresh size-limited tmpfs,
-   bound at the workdir and /tmp (nothing of an earlier grading is there);
+   bound at the workdir, /tmp and /dev/shm (nothing of an earlier grading is there, and nothing
+   else is writable: the rest of the system and /dev are read-only);
 2. forks the grading process, PID 1 of the new pid namespace, which mounts its own /proc,
    becomes the unprivileged user in a nested user namespace with no capability, sets
    no_new_privs and installs the init's seccomp filter (read from ``init --seccomp-filter``),
@@ -45,6 +46,7 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+MNT_DETACH = 2
 DISK = "/.tempering/disk"
 
 
@@ -64,14 +66,18 @@ def mount(source, target, fstype, flags, data=None):
 
 
 def fresh_storage(disk_bytes, workdir):
-    """One tmpfs of disk_bytes (one inode per KiB) bound at the workdir and /tmp."""
+    """One tmpfs of disk_bytes (one inode per KiB) bound at the workdir, /tmp and /dev/shm:
+    the only places a grading can write (bubblewrap made /dev itself read-only), all fresh and
+    all in one disk budget. The tmpfs itself is then detached: only the three binds reach it."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={disk_bytes},nr_inodes={max(disk_bytes >> 10, 1024)},mode=0755"
     mount("tmpfs", DISK, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    for name, target, mode in (("w", workdir, 0o755), ("t", "/tmp", 0o1777)):
+    for name, target, mode in (("w", workdir, 0o755), ("t", "/tmp", 0o1777),
+                               ("s", "/dev/shm", 0o1777)):
         os.mkdir(f"{DISK}/{name}")
         os.chmod(f"{DISK}/{name}", mode)
         mount(f"{DISK}/{name}", target, None, MS_BIND)
+    check(LIBC.umount2(DISK.encode(), MNT_DETACH), f"detach {DISK}")
 
 
 def become_user(uid, gid, seccomp):

@@ -61,6 +61,7 @@ class TestRun:
     exit_code: int | None = None
     timed_out: bool = False
     oom: bool = False
+    truncated: bool = False  # the report went over the output limit: what followed is lost
     log: str = ""
 
 
@@ -95,7 +96,7 @@ class Launcher:
         result = await self.command.result(timeout)
         run = plan.read(result.stdout)
         run.exit_code, run.timed_out = result.exit_code, result.timed_out
-        run.oom = result.oom_killed
+        run.oom, run.truncated = result.oom_killed, result.truncated
         run.log = (_human_log(result.stdout, plan.tag) + result.stderr)[-4000:]
         return run
 

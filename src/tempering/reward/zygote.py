@@ -5,7 +5,8 @@ a grading process in fresh namespaces with fresh storage. The host learns that p
 from the kernel (SCM_CREDENTIALS), moves it into a cgroup of its own with the grading limits,
 writes the files through ``/proc/<pid>/root`` with the same confined file API as the local
 backend, and then hands it the configuration. A timeout SIGKILLs it, which ends its pid
-namespace and everything in it.
+namespace and everything in it; so does a report over its byte limit, which is never buffered
+whole here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import signal
 import socket
 import struct
 import subprocess
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -68,6 +70,20 @@ async def _send_config(loop: asyncio.AbstractEventLoop, channel: socket.socket,
         await loop.sock_sendall(channel, data[start:start + (1 << 16)])
 
 
+@dataclass(frozen=True)
+class Report:
+    """What one forked grading sent and how it ended."""
+
+    text: str
+    """The report channel's bytes, decoded; cut at the last full line when ``truncated``."""
+    timed_out: bool
+    oom_killed: bool
+    exit_code: int | None
+    """The grading process's exit code as its parent saw it (None: never told)."""
+    truncated: bool
+    """It sent more than the limit: it was killed there, and the rest was never read."""
+
+
 class Forked:
     """One grading process in its own fresh sandbox, forked by the zygote."""
 
@@ -76,19 +92,22 @@ class Forked:
         self.channel, self.status, self.pid = channel, status, pid
         self.group, self.storage = group, storage
 
-    async def run(self, config: dict[str, object],
-                  timeout: float) -> tuple[str, bool, bool, int | None]:
-        """Send the configuration and collect the report: (text, timed_out, oom_killed, exit
-        code of the grading process as its parent saw it)."""
+    async def run(self, config: dict[str, object], timeout: float, limit: int) -> Report:
+        """Send the configuration and collect the report, at most ``limit`` bytes of it: the
+        tested code holds the channel too, and whatever it sends lands in this process. Past
+        the limit the grading is killed and the report ends there, truncated."""
         loop = asyncio.get_running_loop()
         ooms = self.group.oom_kills()
         await _send_config(loop, self.channel, marshal.dumps(config))
-        parts: list[bytes] = []
-        timed_out = False
+        received = bytearray()
+        timed_out = truncated = False
         try:
             async with asyncio.timeout(timeout):
                 while record := await loop.sock_recv(self.channel, 1 << 16):
-                    parts.append(record)
+                    received += record[:limit - len(received)]
+                    if len(received) >= limit:
+                        truncated = True
+                        break
         except TimeoutError:
             timed_out = True
         self.kill()
@@ -97,7 +116,10 @@ class Forked:
         with contextlib.suppress(TimeoutError, OSError, struct.error):
             async with asyncio.timeout(2.0):
                 code = struct.unpack("i", await loop.sock_recv(self.status, 4))[0]
-        return b"".join(parts).decode("utf-8", errors="replace"), timed_out, oom, code
+        if truncated:  # a line cut at the limit is no report line, nor a forged one
+            del received[received.rfind(b"\n") + 1:]
+        text = received.decode("utf-8", errors="replace")
+        return Report(text, timed_out, oom, code, truncated)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -174,16 +174,17 @@ class SpareVolumes:
 
 
 def make_volume(name: str, size: int, uid: int | None = None, gid: int | None = None) -> Path:
-    """An empty volume with a workdir and /tmp owned by the sandbox user (host ids; by default
-    the local backend's)."""
+    """An empty volume with a workdir, /tmp and /dev/shm owned by the sandbox user (host ids;
+    by default the local backend's)."""
     if uid is None or gid is None:
         uid, gid = host().uid, host().gid
     path = volumes().create(name, size)
     os.chown(path, uid, gid)
     with as_user(uid, gid):
         os.mkdir(path / "workspace", 0o755)
-        os.mkdir(path / "tmp", 0o1777)
-        os.chmod(path / "tmp", 0o1777)
+        for shared in ("tmp", "shm"):  # /tmp and /dev/shm
+            os.mkdir(path / shared, 0o1777)
+            os.chmod(path / shared, 0o1777)
     return path
 
 

@@ -5,9 +5,10 @@
  * this program as the sandbox's first process. It does three things and nothing else:
  *
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
- *      size-limited tmpfs and binds two directories of it at the workdir and /tmp, so both count
- *      against one disk budget (unless the host bound a copy-on-write volume there instead). Then it becomes an ordinary user in a nested user namespace,
- *      with no capability left, and installs a seccomp filter.
+ *      size-limited tmpfs and binds three directories of it at the workdir, /tmp and /dev/shm,
+ *      so all three count against one disk budget (unless the host bound a copy-on-write volume
+ *      there instead); nothing else is writable. Then it becomes an ordinary user in a nested
+ *      user namespace, with no capability left, and installs a seccomp filter.
  *   2. It is a fork server: the host sends EXEC requests over a SOCK_SEQPACKET socket (argv[1]),
  *      with the command's stdin/stdout/stderr as SCM_RIGHTS file descriptors. A command in a
  *      live sandbox costs one fork here, never a new sandbox.
@@ -105,6 +106,11 @@ static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
     snprintf(path, sizeof path, "%s/tmp", disk);
     if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir tmp");
     if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
+    /* bubblewrap's /dev/shm sits in its own /dev tmpfs, which it made read-only: POSIX shared
+     * memory gets a directory of this disk instead, in the same budget. */
+    snprintf(path, sizeof path, "%s/shm", disk);
+    if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir shm");
+    if (mount(path, "/dev/shm", NULL, MS_BIND, NULL) < 0) die_setup("bind /dev/shm");
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 

@@ -10,11 +10,13 @@ the running sandbox, and its stdin/stdout/stderr are host pipes passed over that
 here with the event loop (no thread per sandbox). Closing the socket ends PID 1, and the kernel
 kills everything else in the sandbox with it; bubblewrap then exits and the cgroups go.
 
-The workdir and /tmp are a tmpfs the init mounts (``storage="memory"``) or a copy-on-write btrfs
-volume bound in by bubblewrap (``storage="volume"``, ``volumes.py``), which makes ``fork`` a
-snapshot; ``auto``, the default, is ``volume`` on hosts that can make volumes. Files are read
-and written from the host (through ``/proc/<init>/root`` or the volume) with kernel-confined
-path resolution (``files.py``), without starting a process inside.
+The workdir, /tmp and /dev/shm are a tmpfs the init mounts (``storage="memory"``) or a
+copy-on-write btrfs volume bound in by bubblewrap (``storage="volume"``, ``volumes.py``), which
+makes ``fork`` a snapshot; nothing else is writable (``/`` and ``/dev`` are read-only), so all a
+sandbox writes counts in its one disk budget; ``auto``, the default, is ``volume`` on hosts that
+can make volumes. Files are read and written from the host (through ``/proc/<init>/root`` or
+the volume) with kernel-confined path resolution (``files.py``), without starting a process
+inside.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class LocalSandbox(InitSandbox):
                     else await asyncio.to_thread(self._new_volume, snapshot_of))
             vol = volumes().path(name)
             storage = ["--bind", str(vol / "workspace"), spec.workdir,
-                       "--bind", str(vol / "tmp"), "/tmp"]
+                       "--bind", str(vol / "tmp"), "/tmp", "--bind", str(vol / "shm"), "/dev/shm"]
             disk = "0"  # the init mounts no tmpfs
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
@@ -295,7 +297,11 @@ def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str]) 
             "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
             *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
             "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk", *extra,
-            "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/", "--info-fd", "4"]
+            "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
+            # /dev is bubblewrap's own tmpfs, outside the disk limit and (for the zygote)
+            # shared by every grading: read-only, its nodes still usable; the storage puts
+            # /dev/shm in the disk budget.
+            "--remount-ro", "/dev", "--info-fd", "4"]
     if not spec.network:
         args.append("--unshare-net")
     return [*args, *command]
