@@ -282,3 +282,105 @@ def test_stack_dies_with_the_harness(local_ready: None, tmp_path: Path) -> None:
     while stacks & _stacks() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not stacks & _stacks()
+
+
+# ---- the docker backend: a bridge fenced by this host's firewall ----
+
+# The host answers each SYN with ICMP host-prohibited (EHOSTUNREACH, never a timeout); the
+# kernel rate-limits those answers, so one of several in a row may come with the SYN's retry.
+DOCKER_REJECT_S = 2.5
+
+GATEWAY = textwrap.dedent("""
+    import socket, struct
+    for line in open("/proc/net/route").readlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            gateway = socket.inet_ntoa(struct.pack("<I", int(fields[2], 16)))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect((gateway, 9))  # UDP: picks the source address, sends nothing
+    print(gateway, s.getsockname()[0])
+""")
+
+
+@pytest.fixture
+async def docker_net(docker_ready: None) -> AsyncIterator[Sandbox]:
+    async with open_sandbox(SandboxSpec(backend="docker", network=True, memory_mb=256,
+                                        pids=64, timeout_s=30)) as sb:
+        yield sb
+
+
+async def addresses_of(sb: Sandbox) -> tuple[str, str]:
+    """(its gateway, its own address)."""
+    r = await sb.exec(["python3", "-c", GATEWAY])
+    gateway, own = r.stdout.split()
+    return gateway, own
+
+
+def iptables_rules(chain: str) -> str:
+    return subprocess.run(["iptables", "-S", chain], capture_output=True, text=True).stdout
+
+
+def interface_of(address: str) -> str:
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True,
+                         check=True).stdout
+    return next((link["ifname"] for link in json.loads(out)
+                 for a in link.get("addr_info", []) if a["local"] == address), "")
+
+
+async def test_docker_host_and_its_services_unreachable(docker_net: Sandbox) -> None:
+    gateway, _ = await addresses_of(docker_net)
+    name = f"tempering-test-{secrets.token_hex(6)}"
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind("\0" + name)
+    abstract.listen(8)
+    abstract.setblocking(False)
+    loop = listener()
+    hosts = [listener(a) for a in {*own_addresses(), gateway}]  # this machine's, all of them
+    try:
+        port = loop.getsockname()[1]
+        targets = [f"4,{s.getsockname()[0]},{s.getsockname()[1]}" for s in hosts]
+        seen = await probe(docker_net, f"4,127.0.0.1,{port}", f"4,{gateway},{port}",
+                           f"unix,{name},0", *targets)
+        assert all(p["errno"] != 0 for p in seen.values()), seen
+        for target in targets:  # rejected by the host's firewall, not timed out
+            assert seen[target]["errname"] in ROUTE_ERRORS, seen[target]
+            assert float(str(seen[target]["s"])) < DOCKER_REJECT_S, seen[target]
+        assert not any(accepted(s) for s in [abstract, loop, *hosts])
+    finally:
+        for s in [abstract, loop, *hosts]:
+            s.close()
+
+
+async def test_docker_private_ranges_and_metadata_rejected_on_this_host(
+        docker_net: Sandbox) -> None:
+    gateway, _ = await addresses_of(docker_net)
+    # Probed only once this host is seen to reject them (see the module docstring).
+    assert interface_of(gateway) == "tmp-egress0"
+    chain = iptables_rules("TEMPERING-EGRESS")
+    for net in ("10.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"):
+        assert f"-d {net} -j REJECT" in chain, chain
+    jumps = iptables_rules("DOCKER-USER")
+    assert "-i tmp-egress0 -j TEMPERING-EGRESS" in jumps.split("-A DOCKER-USER -j RETURN")[0]
+    seen = await probe(docker_net, "4,10.0.0.1,80", "4,169.254.169.254,80", "4,192.168.1.1,80")
+    for result in seen.values():
+        assert result["errname"] in ROUTE_ERRORS, result
+        assert float(str(result["s"])) < DOCKER_REJECT_S, result
+
+
+async def test_docker_sandboxes_cannot_reach_each_other(docker_ready: None) -> None:
+    spec = SandboxSpec(backend="docker", network=True, timeout_s=30)
+    serve = ("import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', 8765))\n"
+             "s.listen()\nwhile True: s.accept()[0].close()")
+    async with open_sandbox(spec) as a, open_sandbox(spec) as b:
+        _, a_address = await addresses_of(a)
+        server = await a.start(["python3", "-c", serve])
+        try:
+            for _ in range(50):  # until it listens: A itself reaches it
+                if (await probe(a, "4,127.0.0.1,8765"))["4,127.0.0.1,8765"]["errno"] == 0:
+                    break
+            else:
+                pytest.fail("the listener in sandbox A never came up")
+            seen = await probe(b, f"4,{a_address},8765")
+            assert seen[f"4,{a_address},8765"]["errno"] != 0, seen
+        finally:
+            await server.kill()
