@@ -258,6 +258,19 @@ async def test_stack_is_confined_and_dies_with_the_sandbox(local_ready: None) ->
     assert _mounts() == mounts_before
 
 
+async def test_a_fork_gets_a_stack_and_rules_of_its_own(net_sb: Sandbox) -> None:
+    before = _stacks()
+    child = await net_sb.fork()
+    try:
+        assert len(_stacks() - before) == 1
+        assert sorted(await links(child)) == ["lo", "tap0"]
+        assert (await child.exec(["ip", "route", "get", "169.254.169.254"])).exit_code != 0
+        assert (await child.exec(["ip", "route", "get", "192.0.43.10"])).exit_code == 0
+    finally:
+        await child.close()
+    assert (await net_sb.exec(["ip", "route", "get", "192.0.43.10"])).exit_code == 0
+
+
 def test_stack_dies_with_the_harness(local_ready: None, tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import asyncio, sys
