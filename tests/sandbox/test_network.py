@@ -8,6 +8,7 @@ cannot leave it: if the route were there, the test fails before it connects.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -171,6 +172,36 @@ async def test_rules_cannot_be_removed_from_inside(net_sb: Sandbox) -> None:
     assert (await net_sb.exec(["ip", "route", "get", "10.0.0.1"])).exit_code != 0
 
 
+async def test_tempering_serve_on_loopback_is_out_of_reach(net_sb: Sandbox) -> None:
+    # The attack of issue 14: a sandbox with network ended its episode with reward 1 and
+    # published weights through the server on the host's loopback.
+    from tempering.policy.scripted import ScriptedPolicy
+    from tempering.policy.serve import PolicyServer
+
+    ended: list[object] = []
+    async with PolicyServer(ScriptedPolicy(["ok"]), on_trajectory=ended.append) as server:
+        route = (await net_sb.exec("ip -4 route show default")).stdout.split()
+        # The host's loopback by its name, and by the stack's gateway (never a real one).
+        hosts = ["127.0.0.1"] + ([route[2]] if route[3:5] == ["dev", "tap0"] else [])
+        attack = textwrap.dedent(f"""
+            import urllib.request
+            for host in {hosts!r}:
+                for path in ("/v1/episodes/ep/end", "/v1/weights"):
+                    request = urllib.request.Request(
+                        f"http://{{host}}:{server.port}{{path}}", method="POST",
+                        data=b'{{"reward": 1.0, "path": "/tmp/zeros", "version": 1000000000}}')
+                    try:
+                        urllib.request.urlopen(request, timeout=3)
+                        print("reached", host, path)
+                    except OSError as exc:
+                        print("failed", host, path, exc)
+        """)
+        r = await net_sb.exec(["python3", "-c", attack], timeout=30)
+        assert r.exit_code == 0 and "reached" not in r.stdout and "HTTP Error" not in r.stdout, r
+        assert len(hosts) == 2, route
+        assert ended == [] and server.policy.weights_version == 0
+
+
 # ---- what egress there is ----
 
 
@@ -192,6 +223,38 @@ async def test_without_network_only_loopback(local_ready: None) -> None:
     async with open_sandbox(SandboxSpec(backend="local")) as sb:
         assert await links(sb) == ["lo"]
         assert (await sb.exec(["ip", "route", "get", "192.0.43.10"])).exit_code != 0
+
+
+def test_host_networks_are_its_addresses_and_attached_networks(tmp_path: Path) -> None:
+    from tempering.sandbox.egress import egress, host_networks
+
+    trie = tmp_path / "fib_trie"  # the kernel's format, as /proc/net/fib_trie shows it
+    trie.write_text(textwrap.dedent("""\
+        Main:
+          +-- 0.0.0.0/0 3 0 5
+             |-- 0.0.0.0
+                /0 universe UNICAST
+             +-- 127.0.0.0/8 2 0 2
+                |-- 127.0.0.1
+                   /32 host LOCAL
+             +-- 198.51.100.0/24 2 0 2
+                |-- 198.51.100.0
+                   /24 link UNICAST
+                |-- 198.51.100.7
+                   /32 host LOCAL
+                |-- 198.51.100.255
+                   /32 link BROADCAST
+             |-- 203.0.113.9
+                /32 host LOCAL
+    """))
+    assert [str(n) for n in host_networks(str(trie))] == [
+        "198.51.100.0/24", "198.51.100.7/32", "203.0.113.9/32"]
+    # This host's own, whatever they are, are refused too (each once).
+    rules = egress().init_rules.split(",")
+    assert len(rules) == len(set(rules))
+    for address in own_addresses():
+        assert any(r.startswith("-") and ":" not in r and ipaddress.ip_address(address) in
+                   ipaddress.ip_network(r[1:]) for r in rules), address
 
 
 # ---- the stack's lifetime ----

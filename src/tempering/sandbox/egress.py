@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from tempering.errors import SandboxStartError, SandboxUnavailableError
+from tempering.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from tempering.sandbox.forkserver import Spawner
 from tempering.sandbox.native import home
 
@@ -111,8 +111,10 @@ def egress() -> Egress:
         raise SandboxStartError(f"every network the sandbox's stack could use "
                                 f"({', '.join(_STACK_NETWORKS)}) overlaps one of this host's "
                                 f"({', '.join(map(str, own))})")
-    extra = [str(n) for n in own if not any(n.subnet_of(IPv4Network(r)) for r in REFUSED
-                                            if ":" not in r)]
+    # Only what no other rule covers (a rule twice would be refused by the kernel).
+    refused = [IPv4Network(r) for r in REFUSED if ":" not in r]
+    extra = [str(n) for n in own if not any(n.subnet_of(c) for c in refused)
+             and not any(n != c and n.subnet_of(c) for c in own)]
     return Egress(network, REFUSED + tuple(extra))
 
 
@@ -202,15 +204,16 @@ class Stack:
         if self._exit_w >= 0:
             os.close(self._exit_w)
             self._exit_w = -1
-        try:
-            await asyncio.wait_for(asyncio.shield(self._exited), 5.0)
-        except TimeoutError:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError, Exception):
+        for last_resort in (False, True):
+            try:
                 await asyncio.wait_for(asyncio.shield(self._exited), 5.0)
-        except Exception:  # the spawner died: it took nothing with it, the pipe did
-            pass
+                break
+            except TimeoutError:
+                if not last_resort:
+                    with contextlib.suppress(OSError):
+                        os.kill(self.pid, signal.SIGKILL)
+            except SandboxError:  # the spawner died; the closed pipe ends the stack anyway
+                break
         if self._log >= 0:
             os.close(self._log)
             self._log = -1
@@ -228,39 +231,41 @@ async def start_stack(spawner: Spawner, init_pid: int, wiring: Egress) -> Stack:
     """Start slirp4netns, as the spawner's (sandbox) uid, on the network namespace of
     ``init_pid``; returns once the sandbox's interface, address and default route are up."""
     binary = slirp4netns()
-    # The namespace and its owning user namespace (the one bubblewrap made; PID 1 moves to a
-    # nested one as it drops its capabilities) are passed as fds: nothing is looked up by pid
-    # later, when the pid could be another process's.
-    netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    owner = -1
-    fds: list[int] = []
+    # Its fds: 0, 1 /dev/null, 2 a log, 3 the exit pipe, 4 the ready pipe, 5 the user namespace
+    # that owns the network namespace (bubblewrap's: PID 1 moves to a nested one as it drops
+    # its capabilities), 6 the network namespace. Namespaces go as fds: nothing is looked up
+    # by a pid that could be another process's by then.
+    theirs: list[int] = []  # closed here once the spawner has them
+    ours: list[int] = []  # kept by the Stack
     try:
-        owner = fcntl.ioctl(netns, _NS_GET_USERNS)
-        os.set_inheritable(owner, False)
+        netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        theirs.append(netns)
+        owner = fcntl.ioctl(netns, _NS_GET_USERNS)  # the kernel opens it close-on-exec
+        theirs.append(owner)
         exit_r, exit_w = os.pipe()
         ready_r, ready_w = os.pipe()
         log = os.memfd_create("slirp4netns-stderr", os.MFD_CLOEXEC)
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        fds = [exit_r, ready_w, devnull]
-        # its fds: 0, 1 /dev/null, 2 the log, 3 exit pipe, 4 ready pipe, 5 user ns, 6 net ns.
-        # It starts in the sandbox's user namespace (still in the host's network namespace),
-        # where the sandbox uid is root: its --enable-sandbox can then make its mount
-        # namespace and drop its capabilities (unprivileged, it would look for that namespace
-        # by pid, which PID 1 has left by then).
+        theirs += [exit_r, ready_w, devnull]
+        ours += [exit_w, ready_r, log]
+        # It starts in that user namespace (still in the host's network namespace), where the
+        # sandbox uid is root, so its --enable-sandbox can make its mount namespace and drop
+        # its capabilities (unprivileged, it would look that namespace up by pid).
         argv = [_nsenter(), "--user=/proc/self/fd/5", "--preserve-credentials", binary,
                 "--configure", f"--mtu={_MTU}", "--disable-host-loopback",
                 "--enable-sandbox", "--enable-seccomp", f"--cidr={wiring.network}",
                 "--exit-fd=3", "--ready-fd=4", "--netns-type=path", "/proc/self/fd/6", "tap0"]
         started, exited = spawner.request(argv, [devnull, devnull, log, exit_r, ready_w, owner,
                                                  netns])
+        for fd in theirs:
+            os.close(fd)
+        theirs = []
+        pid = await started
     except BaseException:
-        for fd in (netns, owner, *fds):
-            if fd >= 0:
-                os.close(fd)
+        for fd in theirs + ours:
+            os.close(fd)
         raise
-    for fd in (netns, owner, *fds):
-        os.close(fd)
-    stack = Stack(await started, exited, exit_w, log)
+    stack = Stack(pid, exited, exit_w, log)
     try:
         async with asyncio.timeout(_STACK_START_S):
             ready = await _read_ready(ready_r)
