@@ -4,12 +4,14 @@ to a user-mode TCP/IP stack, with everything near the host refused inside it.
 Every local sandbox has its own network namespace (abstract unix sockets are per namespace, so
 the host's are out of reach too); one without network keeps only ``lo``. One with network gets
 ``slirp4netns`` attached: a tap device inside, and outside a process of the sandbox uid in the
-host's namespace that opens ordinary sockets for the sandbox's connections (NAT in user space;
-no privilege, no bridge, no firewall rule on the host). It runs with ``--disable-host-loopback``
-(its gateway address would otherwise be the host's 127.0.0.1), ``--enable-sandbox`` (an empty
-root, no capability) and ``--enable-seccomp``; in the sandbox's cgroups, so its CPU and memory
-count against the sandbox; and it exits when the sandbox closes or this process dies: its
-``--exit-fd`` is the read end of a pipe whose only write end this process holds.
+host's namespace that opens ordinary sockets for the sandbox's connections (NAT in user space:
+no bridge, no firewall rule on the host). It runs with ``--disable-host-loopback`` (its gateway
+address would otherwise be the host's 127.0.0.1), ``--enable-sandbox`` (a mount namespace
+whose root is an empty tmpfs with /etc and /run read-only, for its resolvers; no capability
+but binding low ports, and those only in the sandbox's user namespace, where it starts) and
+``--enable-seccomp``; in the sandbox's cgroups, so its CPU and memory count against the
+sandbox; and it exits when the sandbox closes or this process dies: its ``--exit-fd`` is the
+read end of a pipe whose only write end this process holds.
 
 What the sandbox must not reach is refused inside its namespace, before anything runs, by
 routing policy rules that its PID 1 installs while it still holds CAP_NET_ADMIN (``init.c``):
