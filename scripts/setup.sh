@@ -11,7 +11,8 @@ fi
 
 # System packages: bubblewrap (namespaces), btrfs-progs (copy-on-write volumes), a C compiler
 # with static libc (the sandbox init), the sandbox's default Python with pytest, venv for ours,
-# procps for ps in tests.
+# procps for ps in tests, slirp4netns (the user-mode network stack of network=True sandboxes)
+# and iproute2 (`ip`, which the network tests run inside sandboxes).
 arch_lib=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
@@ -23,6 +24,9 @@ command -v cc >/dev/null || need+=(gcc)
 ls /usr/include/python3*/Python.h >/dev/null 2>&1 || need+=(python3-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v ps >/dev/null || need+=(procps)
+command -v slirp4netns >/dev/null || need+=(slirp4netns)
+command -v nsenter >/dev/null || need+=(util-linux)
+command -v ip >/dev/null || need+=(iproute2)
 command -v dockerd >/dev/null || need+=(docker.io)           # the docker backend's engine
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
@@ -30,6 +34,10 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# udev makes /dev/net/tun 0666 on standard systems; machines without udev leave it 0600, and the
+# network stack runs as the unprivileged sandbox uid (the local backend also fixes it on use).
+[ -c /dev/net/tun ] && chmod 0666 /dev/net/tun
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_options(run, ["backend", "image", "memory_mb", "cpus", "pids", "disk_mb",
                             "storage"])
     run.add_argument("--network", action="store_true", default=None,
-                     help=_spec_docs().get("network", "give the sandbox the host's network"))
+                     help=_spec_docs().get("network", "egress of its own, not this host's"))
     _add_spec_options(run, ["timeout_s"], overrides={
         "timeout_s": "Wall-clock limit of the command; past it, everything it started is killed "
                      "and the exit status is 124."})

@@ -25,6 +25,7 @@ from tempering.trajectory.schema import Status, Trajectory
 from tempering.trajectory.store import TrajectoryStore
 
 MEDIAN = Path(__file__).parents[2] / "examples" / "tasks" / "median"
+TOKEN = "the-operators-token-for-this-test"  # tempering serve takes it from the environment
 CONFIG = EpisodeConfig(max_turns=3, max_consecutive_errors=3,
                        sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=7))
 
@@ -84,14 +85,15 @@ async def test_episode_through_tempering_serve_matches_the_servers_record(
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
         "--port", "0", "--run-dir", str(served), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TEMPERING_SERVE_TOKEN": TOKEN})
     try:
         assert proc.stdout is not None
         url = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip()
         assert url.startswith("http://127.0.0.1:"), "tempering serve did not start"
         async with OpenAIPolicy(url, "tiny") as client, Grader() as grader:
             trajectory = await run_episode(task, client, config=CONFIG, grader=grader)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             record = (await http.get(f"{url}/episodes/{trajectory.trajectory_id}")).json()
             ended = await http.post(f"{url}/episodes/{trajectory.trajectory_id}/end",
                                     json={"reward": trajectory.reward_value,

@@ -142,7 +142,7 @@ async def test_a_multi_turn_episode_reuses_the_prefix_and_the_server_records_wha
         assert req3.prefix_token_ids == tokens[:len(req3.prefix_token_ids)]
         assert tokens[:len(ids(render(messages[:2])))] == ids(render(messages[:2]))
 
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {server.token}"}) as http:
             recorded = (await http.get(f"{server.url}/episodes/ep-2")).json()["steps"]
         assert [(s["prompt_reused"], s["prompt_token_ids"], s["completion_token_ids"],
                  s["logprobs"], s["weights_version"]) for s in recorded] == [
@@ -151,7 +151,7 @@ async def test_a_multi_turn_episode_reuses_the_prefix_and_the_server_records_wha
         assert [s["observation"] for s in recorded] == ["output 0", "go on", ""]
         assert [s["action"] for s in recorded] == ["bash", "message", "submit"]
 
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {server.token}"}) as http:
             end = await http.post(f"{server.url}/episodes/ep-2/end",
                                   json={"reward": 1.0, "task_id": "t"})
         assert end.status_code == 200
@@ -171,7 +171,7 @@ async def test_rewritten_history_is_rendered_afresh(
         second = await client.generate(GenerateRequest(messages=edited, episode_id="ep-3"))
     assert second.prompt_reused == 0
     assert second.prompt_token_ids == ids(render(edited))
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {server.token}"}) as http:
         steps = (await http.get(f"{server.url}/episodes/ep-3")).json()["steps"]
     assert [s["prompt_reused"] for s in steps] == [0, 0]
     assert steps[0]["observation"] == ""  # not attributed: the history it follows was rewritten

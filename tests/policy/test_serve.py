@@ -14,11 +14,19 @@ import httpx
 import pytest
 from charpolicy import CharPolicy, call
 
+from tempering.errors import ConfigError
 from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
 from tempering.policy.openai import OpenAIPolicy
 from tempering.policy.scripted import ScriptedPolicy
 from tempering.policy.serve import PolicyServer
 from tempering.trajectory.schema import Status, Trajectory
+
+TOKEN = "operator-chosen-secret-0123456789"
+
+
+def auth(srv: PolicyServer) -> dict[str, str]:
+    """The operator's header: what ending, reading episodes and publishing weights take."""
+    return {"Authorization": f"Bearer {srv.token}"}
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
@@ -34,7 +42,7 @@ async def server() -> AsyncIterator[tuple[PolicyServer, httpx.AsyncClient, list[
 
     policy = CharPolicy([call("bash", command="ls"), "done"])
     async with PolicyServer(policy, on_trajectory=store, max_body_bytes=4096) as srv, \
-            httpx.AsyncClient(base_url=srv.url) as http:
+            httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
         yield srv, http, ended
 
 
@@ -115,7 +123,7 @@ async def test_one_connection_serves_many_requests(
 
 async def test_requests_run_concurrently() -> None:
     async with PolicyServer(ScriptedPolicy([], delay_s=0.4)) as srv, \
-            httpx.AsyncClient(base_url=srv.url) as http:
+            httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
         start = time.perf_counter()
         answers = await asyncio.gather(*(http.post("/chat/completions", json=chat())
                                          for _ in range(8)))
@@ -183,10 +191,78 @@ async def test_ending_an_episode_hands_its_trajectory_over(
     assert (await http.post("/episodes/ep/end")).status_code == 404
 
 
+class Publishable(ScriptedPolicy):
+    """A policy that takes weights versions, recording what it was asked to load."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.weights_version = 0
+        self.loads: list[tuple[Path, int]] = []
+
+    def update_weights(self, path: Path, version: int) -> int:
+        self.loads.append((path, version))
+        self.weights_version = version
+        return version
+
+
+async def test_no_token_no_forged_reward_no_weights(tmp_path: Path) -> None:
+    # What a process of this machine without the token (an agent that reached loopback) tried:
+    # end its episode with reward 1, read another's, publish zeroed weights far ahead.
+    ended: list[Trajectory] = []
+    policy = Publishable()
+    zeros = tmp_path / "zeros.safetensors"
+    zeros.write_bytes(b"\0" * 64)
+    async with PolicyServer(policy, on_trajectory=ended.append) as srv, \
+            httpx.AsyncClient(base_url=srv.url) as anyone:
+        # Sampling needs no token: it is how clients (and agents) make episodes.
+        assert (await anyone.post("/chat/completions", json=chat(user="ep"))).status_code == 200
+        assert (await anyone.get("/weights")).json()["weights_version"] == 0
+        attempts = {
+            "none": {}, "wrong": {"Authorization": "Bearer " + "x" * len(srv.token)},
+            "prefix": {"Authorization": f"Bearer {srv.token[:-1]}"},
+            "basic": {"Authorization": f"Basic {srv.token}"},
+            "bare": {"Authorization": srv.token},
+        }
+        for name, headers in attempts.items():
+            for method, path, body in (
+                    ("POST", "/episodes/ep/end", {"reward": 1.0, "task_id": "t"}),
+                    ("GET", "/episodes/ep", None),
+                    ("POST", "/weights", {"path": str(zeros), "version": 10 ** 9})):
+                answer = await anyone.request(method, path, json=body, headers=headers)
+                assert answer.status_code == 401, (name, path, answer.text)
+                assert answer.headers["www-authenticate"] == "Bearer"
+                message = answer.json()["error"]["message"]
+                assert ("Authorization: Bearer <token>" in message if name == "none"
+                        else "token" in message), message
+        assert ended == [] and policy.loads == []
+        assert (await anyone.get("/weights")).json()["weights_version"] == 0
+        # The operator's token works, and the trainer's publish goes through.
+        operator = auth(srv)
+        assert (await anyone.post("/weights", json={"path": str(zeros), "version": 1},
+                                  headers=operator)).status_code == 200
+        end = await anyone.post("/episodes/ep/end", json={"reward": 0.0}, headers=operator)
+        assert end.status_code == 200 and [t.reward_value for t in ended] == [0.0]
+    assert policy.loads == [(zeros, 1)]
+
+
+async def test_tokens_are_per_server_or_the_operators() -> None:
+    async with PolicyServer(ScriptedPolicy([])) as a, PolicyServer(ScriptedPolicy([])) as b:
+        assert a.token != b.token and len(a.token) >= 32
+        async with httpx.AsyncClient(base_url=b.url, headers=auth(a)) as http:
+            assert (await http.get("/episodes/x")).status_code == 401
+    async with PolicyServer(ScriptedPolicy([]), token=TOKEN) as srv:
+        assert srv.token == TOKEN
+        async with httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
+            assert (await http.get("/episodes/x")).status_code == 404  # past the token
+    with pytest.raises(ConfigError, match="at least 16"):
+        PolicyServer(ScriptedPolicy([]), token="short")
+
+
 async def test_idle_and_open_episodes_are_handed_over_as_infra_errors() -> None:
     ended: list[Trajectory] = []
     async with PolicyServer(ScriptedPolicy([]), on_trajectory=ended.append,
-                            episode_ttl_s=0.2) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+                            episode_ttl_s=0.2) as srv, \
+            httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
         await http.post("/chat/completions", json=chat(user="idle"))
         await asyncio.sleep(0.6)
         assert [t.status for t in ended] == [Status.INFRA_ERROR]
@@ -222,7 +298,7 @@ async def test_the_local_engine_behind_serve_answers_what_the_engine_samples(
     ended: list[Trajectory] = []
     async with LocalEngine(tiny_model_dir, max_batch=4) as engine, \
             PolicyServer(engine, on_trajectory=ended.append) as srv, \
-            httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+            httpx.AsyncClient(base_url=srv.url, headers=auth(srv), timeout=60) as http:
         direct = await engine.generate(GenerateRequest(messages=messages, tools=tools,
                                                        sampling=greedy))
         answer = await http.post("/chat/completions", json={
@@ -284,12 +360,13 @@ def test_tempering_serve_records_episodes_into_the_run_dir(tiny_model_dir: Path,
         [sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
          "--port", "0", "--run-dir", str(run_dir), "--served-model-name", "tiny"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TEMPERING_SERVE_TOKEN": TOKEN})
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()  # the base URL, once it listens
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), proc.stderr
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=60,
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             assert http.get("/models").json()["data"][0]["id"] == "tiny"
             answer = http.post("/chat/completions", json=chat(max_tokens=5),
                                headers={"X-Tempering-Episode": "cli"})
@@ -313,17 +390,24 @@ def test_tempering_serve_allow_weight_updates_loads_weights_beyond_loopback(
     import subprocess
     import sys
 
-    # On 0.0.0.0 the server refuses POST /v1/weights unless told otherwise by the flag.
+    # On 0.0.0.0 the server refuses POST /v1/weights unless told otherwise by the flag; the
+    # token is generated into --token-file.
+    token_file = tiny_model_dir.parent / f"token-{os.getpid()}"
+    token_file.unlink(missing_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tempering.cli", "serve", "--model", str(tiny_model_dir),
-         "--host", "0.0.0.0", "--port", "0", "--allow-weight-updates"],
+         "--host", "0.0.0.0", "--port", "0", "--allow-weight-updates",
+         "--token-file", str(token_file)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         assert url.startswith("http://0.0.0.0:"), proc.stderr
-        with httpx.Client(base_url=url.replace("0.0.0.0", "127.0.0.1"), timeout=60) as http:
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        with httpx.Client(base_url=url.replace("0.0.0.0", "127.0.0.1"), timeout=60,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
             before = http.get("/weights").json()
             assert before["updatable"] is True and before["weights_version"] == 0
             loaded = http.post("/weights", json={"path": str(tiny_model_dir), "version": 1})
@@ -334,7 +418,9 @@ def test_tempering_serve_allow_weight_updates_loads_weights_beyond_loopback(
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        token_file.unlink(missing_ok=True)
     assert proc.returncode == 0, err
+    assert token not in err  # written to the file, not printed
 
 
 # ---- retries: the recorded answer, replayed ----
@@ -351,7 +437,8 @@ class SlowChars(CharPolicy):
 
 async def test_a_retried_request_gets_the_recorded_answer_and_records_nothing() -> None:
     policy = CharPolicy([call("bash", command="ls"), call("bash", command="cat a"), "done"])
-    async with PolicyServer(policy) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+    async with PolicyServer(policy) as srv, \
+            httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
         first = await http.post("/chat/completions", json=chat(user="r"))
         again = await http.post("/chat/completions", json=chat(user="r"))
         assert again.status_code == 200 and again.json() == first.json()  # same id, same tokens
@@ -385,7 +472,7 @@ async def test_a_client_that_times_out_and_retries_gets_the_one_sample() -> None
         # sampling wait for it, and one after it gets its answer: nothing is sampled twice.
         gen = await client.generate(GenerateRequest(
             messages=[Message(role="user", content="hi")], episode_id="slow"))
-        async with httpx.AsyncClient(base_url=srv.url) as http:
+        async with httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
             assert (await http.post("/episodes/slow/end")).status_code == 200
     assert len(policy.requests) == 1
     [trajectory] = ended
@@ -408,7 +495,7 @@ async def test_a_recorder_journals_each_step_once_it_is_final(tmp_path: Path) ->
     with TrajectoryStore(tmp_path) as store:
         async with PolicyServer(CharPolicy([call("bash", command="ls"), "done"]),
                                 recorder=store, on_trajectory=handed.append) as srv, \
-                httpx.AsyncClient(base_url=srv.url) as http:
+                httpx.AsyncClient(base_url=srv.url, headers=auth(srv)) as http:
             first = await http.post("/chat/completions", json=chat(user="j"))
             tid = (await http.get("/episodes/j")).json()["trajectory_id"]
             assert [r["kind"] for r in _journal_lines(tmp_path, tid)] == ["begin"]  # not final

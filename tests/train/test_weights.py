@@ -113,11 +113,16 @@ async def test_engine_publisher_swaps_between_completions_and_owns_its_tensors(
 
 # ---- tempering serve ----
 
+def auth(server: PolicyServer) -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.token}"}
+
+
 async def test_serve_publisher_loads_a_checkpoint_that_the_next_completion_carries(
         engine: LocalEngine, saved: Path) -> None:
-    async with PolicyServer(engine) as server, httpx.AsyncClient(base_url=server.url) as http, \
+    async with PolicyServer(engine) as server, \
+            httpx.AsyncClient(base_url=server.url, headers=auth(server)) as http, \
             OpenAIPolicy(server.url, "tiny") as client:
-        publisher = ServePublisher(server.url)
+        publisher = ServePublisher(server.url, token=server.token)
         assert await publisher.current() == 0 and publisher.version is None
         first = await http.post("/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -159,10 +164,10 @@ async def test_serve_refuses_weights_it_cannot_or_should_not_load(saved: Path) -
     async with PolicyServer(ScriptedPolicy(["ok"], weights_version=3)) as server:
         with pytest.raises(PolicyError, match=r"400: the policy scripted \(ScriptedPolicy\) "
                                               "cannot load new weights"):
-            await ServePublisher(server.url).publish(4, path=saved)
+            await ServePublisher(server.url, token=server.token).publish(4, path=saved)
     # Beyond loopback the endpoint would let anyone make the server load files.
     async with PolicyServer(ScriptedPolicy(["ok"]), host="0.0.0.0") as server, \
-            httpx.AsyncClient() as http:
+            httpx.AsyncClient(headers=auth(server)) as http:
         url = f"http://127.0.0.1:{server.port}/v1/weights"
         refused = await http.post(url, json={"path": str(saved), "version": 1})
         assert refused.status_code == 403 and "beyond loopback" in refused.text
@@ -378,7 +383,8 @@ async def test_publishers_fan_out_concurrently_and_name_the_engine_that_failed(
 
         async with PolicyServer(ScriptedPolicy(["ok"])) as server:
             local = EnginePublisher(engine)
-            mixed = Publishers([ServePublisher(server.url, name="scripted-server"), local])
+            served = ServePublisher(server.url, token=server.token, name="scripted-server")
+            mixed = Publishers([served, local])
             assert mixed.version == 0
             with pytest.raises(PolicyError, match=r"version 1 failed on 1 of 2 engine\(s\): "
                                                   r"scripted-server: PolicyError: .*400.*"

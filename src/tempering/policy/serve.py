@@ -24,21 +24,34 @@ Ends. ``POST /v1/episodes/{id}/end`` hands the ``Trajectory`` to the ``recorder`
 ``on_trajectory``; idle episodes (``episode_ttl_s``) and those open at ``close()`` go the same
 way as ``infra_error``. A ``recorder`` also journals each episode as it happens, so a server
 killed outright leaves it behind.
+
+The operator's token. Whoever reaches the server could otherwise end episodes with the reward
+of their choice, read other episodes, and publish weights (a version far ahead, which the
+trainer's next publish cannot go back from): listening on loopback is no protection, as every
+process of the machine reaches it. So those endpoints (``POST /v1/weights``, ``GET
+/v1/episodes/{id}``, ``POST /v1/episodes/{id}/end``) take ``Authorization: Bearer <token>``, a
+secret generated at start (``token``) or given by the operator, compared in constant time; a
+missing or wrong one is a 401 that says where the token comes from. Completions, models,
+health and the served weights version stay open: they are what an OpenAI client samples
+episodes with, and none of them sets a reward or a weight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import ipaddress
 import logging
+import secrets
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tempering.errors import PolicyError
+from tempering.errors import ConfigError, PolicyError
 from tempering.policy.base import GenerateRequest, Policy
 from tempering.policy.episodes import EndRequest, EpisodeBook, OnTrajectory, ServedEpisode
 from tempering.policy.http import HTTPError, HTTPServer, Request, Response, Router
@@ -51,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["EndRequest", "OnTrajectory", "PolicyServer", "WeightsRequest"]
 
 log = logging.getLogger(__name__)
+Handler = Callable[[Request], Awaitable[Response]]
+MIN_TOKEN_CHARS = 16
 
 
 class WeightsRequest(BaseModel):
@@ -72,7 +87,15 @@ class PolicyServer:
                  model_name: str | None = None, on_trajectory: OnTrajectory | None = None,
                  recorder: Recorder | None = None, episode_ttl_s: float = 3600.0,
                  max_body_bytes: int = 32 << 20, keepalive_s: float = 75.0,
-                 allow_weight_updates: bool | None = None) -> None:
+                 allow_weight_updates: bool | None = None, token: str | None = None) -> None:
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(f"the server's token has {len(token)} characters; give at least "
+                              f"{MIN_TOKEN_CHARS} (random), or none to have one generated")
+        self.token = token or secrets.token_urlsafe(32)
+        """The secret that ending episodes, reading them and publishing weights take, as
+        ``Authorization: Bearer <token>``; generated unless given. Hand it to the trainer
+        (``ServePublisher(url, token=...)``) and to whatever ends episodes, never to the
+        agents."""
         self.policy = policy
         self.model_name = model_name or policy.name
         self._episodes = EpisodeBook(policy, recorder=recorder, on_trajectory=on_trajectory,
@@ -87,10 +110,10 @@ class PolicyServer:
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
         router.add("POST", "/v1/chat/completions", self._chat)
-        router.add("GET", "/v1/episodes/{id}", self._episode)
-        router.add("POST", "/v1/episodes/{id}/end", self._end)
+        router.add("GET", "/v1/episodes/{id}", self._operator(self._episode))
+        router.add("POST", "/v1/episodes/{id}/end", self._operator(self._end))
         router.add("GET", "/v1/weights", self._weights)
-        router.add("POST", "/v1/weights", self._update_weights)
+        router.add("POST", "/v1/weights", self._operator(self._update_weights))
         self.http = HTTPServer(router, host=host, port=port, max_body_bytes=max_body_bytes,
                                keepalive_s=keepalive_s)
         self._created = int(time.time())
@@ -151,6 +174,22 @@ class PolicyServer:
         await self.close()
 
     # ---- endpoints ----
+
+    def _operator(self, handler: Handler) -> Handler:
+        """``handler`` behind the token: checked before the body is even parsed."""
+        async def checked(request: Request) -> Response:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if not (scheme.lower() == "bearer" and hmac.compare_digest(
+                    given.strip().encode(), self.token.encode())):
+                raise HTTPError(401, f"{request.method} {request.path} needs this server's "
+                                "token: send `Authorization: Bearer <token>` (`tempering "
+                                "serve` prints it on stderr or writes it to --token-file; "
+                                "PolicyServer.token in Python)" if not given else
+                                f"{request.method} {request.path}: wrong token; use the one "
+                                "this server printed or was started with",
+                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await handler(request)
+        return checked
 
     async def _health(self, _: Request) -> Response:
         return Response({"status": "ok", "policy": self.policy.name,

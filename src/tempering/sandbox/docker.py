@@ -10,7 +10,8 @@ image; everything else is the same machinery as the local backend, so the two ca
   kill the command's whole process tree inside, output is read by the event loop. No ``docker``
   CLI runs on any path; the engine is called through its API (``engine.py``) to create, start
   and remove the container only.
-- Hardened by default: no network, all capabilities dropped, ``no-new-privileges``, read-only
+- Hardened by default: no network (with ``network=True``, a bridge fenced off from the host
+  and private ranges: ``bridge.py``), all capabilities dropped, ``no-new-privileges``, read-only
   root, a size-limited tmpfs for the workdir and for /tmp, memory/pids/cpu limits, uid 1000,
   the engine's default seccomp profile with init's own filter on top.
 - Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir
@@ -39,6 +40,7 @@ from typing import Any
 from tempering.errors import SandboxError, SandboxStartError
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import ensure_open
+from tempering.sandbox.bridge import egress_network
 from tempering.sandbox.engine import Engine, EngineError
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
@@ -95,6 +97,7 @@ class DockerSandbox(InitSandbox):
         self._storage: Storage | None = None
         self._closed = False
         self._dead: str | None = None
+        self._network = "none"  # with network: the fenced bridge (bridge.py)
 
     @classmethod
     async def _prepare_host(cls) -> None:
@@ -148,7 +151,7 @@ class DockerSandbox(InitSandbox):
                     str(USER_UID), str(USER_UID)],
             "NetworkDisabled": not spec.network,
             "HostConfig": {
-                "NetworkMode": "bridge" if spec.network else "none",
+                "NetworkMode": self._network,
                 "Memory": spec.memory_mb << 20, "MemorySwap": spec.memory_mb << 20,
                 "PidsLimit": spec.pids, "NanoCpus": int(spec.cpus * 1e9),
                 "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"],
@@ -158,6 +161,8 @@ class DockerSandbox(InitSandbox):
 
     async def _start(self, snapshot_of: str | None = None) -> None:
         init = native_binary("init")
+        if self.spec.network:
+            self._network = await egress_network(self._engine)
         if self.spec.recipe is not None:
             async with _building.setdefault(self.spec.recipe, asyncio.Lock()):
                 self.image = await build_recipe(self.spec.recipe, engine=self._engine)

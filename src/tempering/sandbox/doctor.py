@@ -57,8 +57,35 @@ async def doctor_checks() -> list[tuple[str, bool | None, str]]:
             rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
                          f"(exit {result.exit_code}); check that the cgroup memory controller "
                          "is enabled"))
+    rows.append(await network_check())
     rows.append(await docker_check())
     return rows
+
+
+async def network_check() -> tuple[str, bool | None, str]:
+    """``network=True`` is optional: without slirp4netns it is skipped (–), with the fix."""
+    import time
+
+    from tempering.errors import SandboxUnavailableError
+    from tempering.sandbox import SandboxSpec, open_sandbox
+
+    name = "network=True sandboxes (optional)"
+    start = time.perf_counter()
+    try:
+        sandbox = await open_sandbox(SandboxSpec(network=True, memory_mb=128, timeout_s=30))
+    except SandboxUnavailableError as exc:
+        return name, None, str(exc)
+    except Exception as exc:
+        return name, False, str(exc)
+    async with sandbox:
+        took = (time.perf_counter() - start) * 1000
+        route = await sandbox.exec("ip -4 route show default")
+        refused = await sandbox.exec("ip route get 169.254.169.254")
+    if "dev tap0" not in route.stdout or refused.exit_code == 0:
+        return name, False, (f"the sandbox's routes are wrong (default: {route.stdout.strip()!r};"
+                             f" metadata: {refused.stdout.strip()!r})")
+    return name, True, (f"started in {took:.0f} ms through slirp4netns; link-local, private "
+                        "ranges and this host refused inside")
 
 
 async def docker_check() -> tuple[str, bool | None, str]:

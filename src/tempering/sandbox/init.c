@@ -14,6 +14,13 @@
  *      live sandbox costs one fork here, never a new sandbox.
  *   3. It reaps, reports exit statuses, and kills whole process trees on request.
  *
+ * A sandbox with network (argv[6], a list of policy rules) has a network namespace of its own,
+ * which the host wires to a user-mode stack (slirp4netns). Before it drops CAP_NET_ADMIN, PID 1
+ * installs routing rules there that refuse destinations (loopback of the host behind the stack,
+ * link-local, private ranges, the host's own addresses) whatever routes exist: rules are looked
+ * up before any route, so nothing added later (the stack's own link routes) can get around
+ * them, and nothing in the sandbox can remove them, as no command holds a capability.
+ *
  * Every command runs under a "shepherd": a child of init that is a child subreaper and forks the
  * command. Whatever the command starts (double forks and setsid daemons included) stays a
  * descendant of the shepherd, so a timeout can kill all of it and nothing else. The shepherd
@@ -36,9 +43,13 @@
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/capability.h>
+#include <linux/fib_rules.h>
 #include <linux/filter.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <stddef.h>
@@ -112,6 +123,77 @@ static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
     if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir shm");
     if (mount(path, "/dev/shm", NULL, MS_BIND, NULL) < 0) die_setup("bind /dev/shm");
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
+}
+
+/* ---------- network: refusing destinations by policy rules ---------- */
+
+/* One RTM_NEWRULE: "to PREFIX" with action unreachable (deny) or lookup main (allow), at
+ * priority `pref`; the kernel's acknowledgement is awaited so a failure fails the start. */
+static void add_rule(int nl, const char *spec, uint32_t pref, uint32_t seq) {
+    char text[64], *slash;
+    unsigned char addr[16];
+    int deny = spec[0] == '-';
+    if ((spec[0] != '-' && spec[0] != '+') || strlen(spec + 1) >= sizeof text) {
+        errno = EINVAL;
+        die_setup(spec);
+    }
+    strcpy(text, spec + 1);
+    slash = strchr(text, '/');
+    if (!slash) { errno = EINVAL; die_setup(spec); }
+    *slash = 0;
+    int family = strchr(text, ':') ? AF_INET6 : AF_INET;
+    int len = atoi(slash + 1), bytes = family == AF_INET6 ? 16 : 4;
+    if (inet_pton(family, text, addr) != 1 || len < 0 || len > 8 * bytes) {
+        errno = EINVAL;
+        die_setup(spec);
+    }
+    struct {
+        struct nlmsghdr nh;
+        struct fib_rule_hdr rule;
+        char attrs[64];
+    } req;
+    memset(&req, 0, sizeof req);
+    req.nh.nlmsg_type = RTM_NEWRULE;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
+    req.nh.nlmsg_seq = seq;
+    req.rule.family = (unsigned char)family;
+    req.rule.dst_len = (unsigned char)len;
+    req.rule.action = deny ? FR_ACT_UNREACHABLE : FR_ACT_TO_TBL;
+    req.rule.table = deny ? RT_TABLE_UNSPEC : RT_TABLE_MAIN;
+    size_t off = NLMSG_LENGTH(sizeof req.rule);
+    struct { uint16_t type; const void *data; size_t len; } attrs[] = {
+        { FRA_DST, addr, (size_t)bytes }, { FRA_PRIORITY, &pref, sizeof pref },
+    };
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        struct rtattr *rta = (struct rtattr *)((char *)&req + NLMSG_ALIGN(off));
+        rta->rta_type = attrs[i].type;
+        rta->rta_len = (unsigned short)RTA_LENGTH(attrs[i].len);
+        memcpy(RTA_DATA(rta), attrs[i].data, attrs[i].len);
+        off = NLMSG_ALIGN(off) + RTA_ALIGN(rta->rta_len);
+    }
+    req.nh.nlmsg_len = (uint32_t)off;
+    if (send(nl, &req, off, 0) < 0) die_setup("netlink send");
+    char reply[512];
+    ssize_t n = recv(nl, reply, sizeof reply, 0);
+    if (n < (ssize_t)NLMSG_LENGTH(sizeof(struct nlmsgerr))) die_setup("netlink reply");
+    struct nlmsgerr *err = NLMSG_DATA((struct nlmsghdr *)reply);
+    if (err->error != 0) {
+        errno = -err->error;
+        die_setup(spec);
+    }
+}
+
+/* `rules`: comma-separated "+PREFIX" (route normally) and "-PREFIX" (unreachable), first
+ * match wins, in the order given. */
+static void setup_network(const char *rules) {
+    int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (nl < 0) die_setup("netlink socket");
+    char *copy = strdup(rules), *save = NULL;
+    uint32_t pref = 100, seq = 1;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        add_rule(nl, tok, pref++, seq++);
+    free(copy);
+    close(nl);
 }
 
 static void write_file(const char *path, const char *text) {
@@ -477,13 +559,15 @@ int main(int argc, char **argv) {
         int n = build_filter(prog);
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
-    if (argc != 6) {
-        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID (run by the sandbox)\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID [NET_RULES] "
+                        "(run by the sandbox)\n");
         return 2;
     }
     CTL_FD = control_channel(argv[1]);
     unsigned long long disk = strtoull(argv[2], NULL, 10);
     if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+    if (argc == 7) setup_network(argv[6]);    /* before the capabilities go */
     /* In a container the engine already made us the unprivileged user, with no capability. */
     if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
     /* Commands run as the same user: without this they could ptrace the fork server. */

@@ -43,6 +43,7 @@ from tempering.errors import (
 )
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import ensure_open
+from tempering.sandbox.egress import Egress, Stack, egress, start_stack
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
@@ -105,6 +106,7 @@ class LocalSandbox(InitSandbox):
         self._dead: str | None = None
         self._storage: Storage | None = None
         self._volume: str | None = None  # set once this sandbox owns a volume
+        self._stack: Stack | None = None  # the network stack of a sandbox with network
         self.storage = storage_for(spec.storage)
         """The storage it runs on: ``memory`` or ``volume`` (``auto`` resolved)."""
 
@@ -158,8 +160,11 @@ class LocalSandbox(InitSandbox):
         err_r, err_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe
-        args = bwrap_argv(spec, storage, ["/.tempering/init", "3", disk, spec.workdir, "1000",
-                                          "1000"])
+        init = ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000"]
+        wiring = egress() if spec.network else None
+        if wiring is not None:
+            init.append(wiring.init_rules)
+        args = bwrap_argv(spec, storage, init, wiring)
         self._bwrap_stderr = err_r
         try:
             started, self._bwrap_exit = spawner().request(
@@ -191,6 +196,11 @@ class LocalSandbox(InitSandbox):
                 os.sched_setaffinity(self._init_pid,
                                      {cpus[(first + i) % len(cpus)] for i in range(want)})
                 await self._channel.ready
+                if wiring is not None:
+                    # Once PID 1 runs, bubblewrap has mapped the sandbox uid to root in the
+                    # namespace's owner, which the stack joins to attach itself.
+                    self._stack = await start_stack(spawner(), self._init_pid, wiring)
+                    self._cgroup.attach(self._stack.pid)
         except (OSError, TimeoutError, SandboxError) as exc:
             why = self._why(exc)
             raise SandboxStartError(f"sandbox {self.id} failed to start: {why}") from None
@@ -222,6 +232,9 @@ class LocalSandbox(InitSandbox):
             self._channel.close("sandbox closed")
         if self._bwrap_exit is not None:
             await _wait_exit(self._bwrap_exit, self._bwrap_pid, self._init_pid)
+        if self._stack is not None:  # after the sandbox: it has nothing left to carry
+            await self._stack.close()
+            self._stack = None
         if self._bwrap_stderr >= 0:
             os.close(self._bwrap_stderr)
             self._bwrap_stderr = -1
@@ -244,6 +257,8 @@ class LocalSandbox(InitSandbox):
             if pid > 0:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        if self._stack is not None:
+            self._stack.kill_now()
         with contextlib.suppress(OSError):
             self._cgroup.remove(timeout=2.0)
         if self._volume is not None:
@@ -286,24 +301,30 @@ class LocalSandbox(InitSandbox):
         return child
 
 
-def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str]) -> list[str]:
+def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],
+               wiring: Egress | None = None) -> list[str]:
     """bubblewrap's command line for a sandbox of ``spec`` whose PID 1 runs ``command`` with
     CAP_SYS_ADMIN and CAP_SETFCAP in its user namespace (the init, or the grading zygote);
-    ``extra`` adds mounts. Expects fd 3 to be its control socket and fd 4 the info pipe."""
+    ``extra`` adds mounts. Expects fd 3 to be its control socket and fd 4 the info pipe.
+
+    The network namespace is always new: with ``wiring`` (a sandbox with network) PID 1 also
+    gets CAP_NET_ADMIN, to install the refusing rules before it drops every capability, and
+    /etc/resolv.conf names the stack's DNS; without, there is only ``lo``."""
     h = host()
+    caps = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP"]
+    if wiring is not None:
+        caps += ["--cap-add", "CAP_NET_ADMIN"]
+    resolv = str(wiring.resolv_conf) if wiring is not None else None
     args = [h.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--hostname", "sandbox",
-            "--die-with-parent", "--new-session", "--as-pid-1",
-            "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--clearenv",
-            *system_args(spec, 1000, 1000), "--proc", "/proc", "--dev", "/dev",
-            "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk", *extra,
-            "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
+            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--unshare-net",
+            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
+            *caps, "--clearenv", *system_args(spec, 1000, 1000, resolv), "--proc", "/proc",
+            "--dev", "/dev", "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk",
+            *extra, "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
             # /dev is bubblewrap's own tmpfs, outside the disk limit and (for the zygote)
             # shared by every grading: read-only, its nodes still usable; the storage puts
             # /dev/shm in the disk budget.
             "--remount-ro", "/dev", "--info-fd", "4"]
-    if not spec.network:
-        args.append("--unshare-net")
     return [*args, *command]
 
 

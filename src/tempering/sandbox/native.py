@@ -80,7 +80,7 @@ def _synthetic_etc(uid: int, gid: int) -> dict[str, str]:
         "group": f"root:x:0:\nuser:x:{gid}:\nnogroup:x:65534:\n",
         "hostname": "sandbox\n",
         "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-        "resolv.conf": "",  # a mount point: sandboxes with network get the host's over it
+        "resolv.conf": "",  # a mount point: sandboxes with network get their stack's over it
     }
 
 

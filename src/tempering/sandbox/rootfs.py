@@ -28,13 +28,16 @@ _SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "boot", "lost+f
              "mnt", "srv", "var", ".tempering", "workspace"}
 
 
-def system_args(spec: SandboxSpec, uid: int, gid: int) -> list[str]:
-    """bubblewrap arguments that build the sandbox's read-only system."""
-    return list(_system_args(spec.rootfs, spec.network, uid, gid))
+def system_args(spec: SandboxSpec, uid: int, gid: int, resolv_conf: str | None = None
+                ) -> list[str]:
+    """bubblewrap arguments that build the sandbox's read-only system; ``resolv_conf`` (a host
+    file) becomes its /etc/resolv.conf, for a sandbox with network."""
+    return list(_system_args(spec.rootfs, resolv_conf, uid, gid))
 
 
 @cache  # a root filesystem's layout does not change while sandboxes use it
-def _system_args(rootfs: str | None, network: bool, uid: int, gid: int) -> tuple[str, ...]:
+def _system_args(rootfs: str | None, resolv_conf: str | None, uid: int, gid: int
+                 ) -> tuple[str, ...]:
     if rootfs is None:
         root, tops = "/", ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"]
     else:
@@ -53,8 +56,12 @@ def _system_args(rootfs: str | None, network: bool, uid: int, gid: int) -> tuple
             args += ["--ro-bind", str(empty_dir()), "/usr/local"]
     else:
         args += _own_etc_args(root, uid, gid)
-    if network and rootfs is None and os.path.exists("/etc/resolv.conf"):
-        args += ["--ro-bind", os.path.realpath("/etc/resolv.conf"), "/etc/resolv.conf"]
+    # A root filesystem of the user's own keeps a resolv.conf that is a link (to its own
+    # resolver's file, say): bubblewrap cannot bind over a link that leads nowhere here.
+    own = os.path.join(root, "etc", "resolv.conf")
+    if resolv_conf is not None and (rootfs is None or (os.path.isfile(own)
+                                                       and not os.path.islink(own))):
+        args += ["--ro-bind", resolv_conf, "/etc/resolv.conf"]
     args += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--dir", "/run"]
     return tuple(args)
 

@@ -53,7 +53,8 @@ class SandboxSpec(BaseModel):
     ``memory`` (a tmpfs, counted in memory_mb too; fork copies the files) or ``auto`` (volume
     where the host can make volumes, else memory; ``tempering doctor`` says which)."""
     network: bool = False
-    """Give the sandbox the host's network; without it there is only loopback."""
+    """Egress through a network namespace of its own: the internet, but not this host, its LAN,
+    private ranges or link-local (metadata); without it there is only loopback."""
     workdir: str = "/workspace"
     """Writable working directory; relative file-API paths and commands start here."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -14,7 +14,8 @@ weights at their next turn and every token records its version.
 - ``RayPublisher``: a ``LocalEngine`` in a Ray ``InferenceActor`` (``scheduler.ray_worker``),
   reached through its ``RayPolicy``: the state dict, moved to CPU, goes through Ray's object
   store (fine for small models; a large one is published from disk with ``path=``).
-- ``ServePublisher``: ``tempering serve`` over HTTP: ``POST /v1/weights {"path", "version"}``.
+- ``ServePublisher``: ``tempering serve`` over HTTP: ``POST /v1/weights {"path", "version"}``,
+  with the server's token (``token=``, else ``$TEMPERING_SERVE_TOKEN``).
 - ``VLLMPublisher``: vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST
   /pause?mode=wait`` (the requests in flight finish on the old weights; vLLM would otherwise
   mix versions inside a completion), ``POST /collective_rpc`` running every worker's
@@ -189,11 +190,23 @@ class _HTTPPublisher(_Publisher):
 
 
 class ServePublisher(_HTTPPublisher):
-    """``tempering serve`` at ``base_url``: ``POST /v1/weights`` with a path it loads itself."""
+    """``tempering serve`` at ``base_url``: ``POST /v1/weights`` with a path it loads itself,
+    authorised by the server's ``token`` (default: ``$TEMPERING_SERVE_TOKEN``)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0,
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 600.0,
                  name: str | None = None) -> None:
         super().__init__(base_url, timeout_s=timeout_s, name=name, kind="serve")
+        self._token = token or os.environ.get("TEMPERING_SERVE_TOKEN")
+        if not self._token:
+            raise ConfigError("ServePublisher needs the server's token (PolicyServer.token, "
+                              "or what `tempering serve` printed or wrote to --token-file): "
+                              "pass token=, or set $TEMPERING_SERVE_TOKEN")
+
+    def _client(self) -> httpx.AsyncClient:
+        import httpx
+
+        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                 headers={"Authorization": f"Bearer {self._token}"})
 
     async def current(self) -> int | None:
         """The version the server serves now (``GET /v1/weights``)."""
