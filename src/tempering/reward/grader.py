@@ -223,6 +223,7 @@ class Grader:
             files += placeholders  # last: the hidden tests win any clash
             files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
+            await forked.seal(f"{spec.workdir.rstrip('/')}/{grading.tests_dir}")
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
             run = plan.read(report.text)
             run.timed_out, run.oom = report.timed_out, report.oom_killed

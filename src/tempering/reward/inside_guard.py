@@ -186,6 +186,7 @@ class Guard:
         self._codes = []  # and the objects themselves, so the ids stay theirs
         self.integrity = Integrity()
         self.test_globals = set()  # ids of the hidden test modules' namespaces
+        self.guarded_globals = set()  # and of every namespace in the integrity record
         self.state = "new"  # new -> started -> collected -> ended
         self.collected = set()
         self.done = set()
@@ -216,6 +217,7 @@ class Guard:
             if where.startswith(workspace) and not where.startswith(self.tests):
                 continue
             self.integrity.add_module(name, module)
+            self.guarded_globals.add(id(vars(module)))
         self.integrity.add("builtins", vars(__builtins__) if isinstance(__builtins__, type(sys))
                            else __builtins__)
         self.integrity.add("sys", vars(sys), SYS_HOOKS)
@@ -292,6 +294,7 @@ class Guard:
             module = record.get("module")
             if type(module) is type(sys):
                 self.test_globals.add(id(vars(module)))
+                self.guarded_globals.add(id(vars(module)))
                 if record["event"] == "loaded":
                     self.integrity.add_module(str(module.__name__), module)
             return
@@ -425,7 +428,8 @@ class Guard:
                               where)
         elif event == "object.__setattr__":
             name = _text(args[1])
-            if name in CODE_ATTRS and type(args[0]) is _function:
+            if (name in CODE_ATTRS and type(args[0]) is _function
+                    and id(args[0].__globals__) in self.guarded_globals):
                 where = self.in_stack()
                 if where is not None:
                     self.flag("runner_tampered", f"replaced the {name} of {args[0]!r}"[:200],

@@ -47,6 +47,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 163
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 MNT_DETACH = 2
+MS_RDONLY, MS_REMOUNT = 1, 32
 DISK = "/.tempering/disk"
 
 
@@ -78,6 +79,26 @@ def fresh_storage(disk_bytes, workdir):
         os.chmod(f"{DISK}/{name}", mode)
         mount(f"{DISK}/{name}", target, None, MS_BIND)
     check(LIBC.umount2(DISK.encode(), MNT_DETACH), f"detach {DISK}")
+
+
+def seal(status, workdir):
+    """Once the host has written the files, make the directory it names read-only for the
+    grading (a bind of itself, remounted read-only: the grading, in a user namespace of its
+    own without capabilities, cannot undo it), so nothing the tested code starts can change
+    the hidden tests' data files. Answers ``sealed`` (or the error) on the status socket."""
+    message = status.recv(4096)
+    if not message.startswith(b"seal "):
+        return
+    path = os.path.realpath(message[5:].decode())
+    try:
+        if not path.startswith(workdir.rstrip("/") + "/"):
+            raise OSError(f"{path} is outside the workdir")
+        if os.path.isdir(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        status.send(b"sealed")
+    except OSError as exc:
+        status.send(f"failed: {exc}".encode())
 
 
 def become_user(uid, gid, seccomp):
@@ -155,6 +176,7 @@ def serve(control, seccomp):
                     grading(channel, request, seccomp)
                 channel.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                seal(status, request["workdir"])
                 _, code = os.waitpid(pid, 0)
                 status.send(struct.pack("i", os.waitstatus_to_exitcode(code)))
                 os._exit(0)

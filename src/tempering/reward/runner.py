@@ -91,6 +91,7 @@ class Launcher:
         plan = RunPlan(args, tests_dir, self.sb.spec.workdir, canary_imports,
                        collect_only=collect_only, runner=self.runner, sources=sources)
         await self.sb.write_file(plan.canary_path, b"")
+        await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
         await self.command.write(encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)

@@ -121,6 +121,20 @@ class Forked:
         text = received.decode("utf-8", errors="replace")
         return Report(text, timed_out, oom, code, truncated)
 
+    async def seal(self, path: str) -> None:
+        """Make ``path`` (the hidden tests' directory, absolute in the sandbox) read-only for
+        the grading, after the files are written and before the configuration is sent."""
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(self.status, b"seal " + path.encode())
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                answer = await loop.sock_recv(self.status, 4096)
+        except TimeoutError:
+            answer = b"no answer"
+        if answer != b"sealed":
+            raise SandboxStartError(f"the grading could not seal {path}: "
+                                    f"{answer.decode(errors='replace')}")
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)

@@ -143,6 +143,11 @@ class Sandbox(abc.ABC):
     async def fork(self) -> Sandbox:
         """A new sandbox with the same spec whose files are a copy of this one's right now."""
 
+    async def make_readonly(self, path: str) -> None:
+        """Make the directory ``path`` (relative to the workdir) read-only for everything that
+        runs in the sandbox from now on, in a way nothing inside can undo."""
+        raise NotImplementedError(f"{type(self).__name__} cannot make {path!r} read-only")
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop every process and free every resource of the sandbox. Idempotent."""

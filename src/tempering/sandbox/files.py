@@ -33,6 +33,7 @@ from tempering.errors import (
 )
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
 from tempering.sandbox.forkserver import InitChannel
+from tempering.sandbox.native import native_binary
 from tempering.sandbox.spec import SandboxSpec
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -427,6 +428,24 @@ class InitSandbox(HostFileSandbox):
     async def _prepare_host(cls) -> None:  # noqa: B027 - a hook, empty unless a backend needs it
         """Once per process and backend, before its first sandbox (reclaim what crashed
         processes left, register the clean-up at exit)."""
+
+    _init_pid: int = 0
+
+    async def make_readonly(self, path: str) -> None:
+        """Make the directory ``path`` (relative to the workdir) read-only for everything that
+        runs in the sandbox from now on, which cannot undo it: a read-only bind mount made from
+        the host in the sandbox's mount namespace. A grader seals the hidden tests' files with
+        it before the tested code runs."""
+        ensure_open(self)
+        target = posixpath.join(self.spec.workdir, path)
+        proc = await asyncio.create_subprocess_exec(
+            str(native_binary("init")), "--seal", str(self._init_pid), target,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxError(f"sandbox {self.id}: could not make {path!r} read-only: "
+                               f"{err.decode(errors='replace').strip()}")
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> Self:

@@ -551,7 +551,29 @@ static int control_channel(const char *arg) {
     return fd;
 }
 
+/* Run by the host (root), never inside: make PATH read-only in the mount namespace of PID
+ * (a sandbox's PID 1), for everything that runs there from now on. A bind of the directory
+ * onto itself, remounted read-only; PATH is resolved there without following a link at its
+ * end, and what runs in the sandbox (no CAP_SYS_ADMIN over that namespace, mount refused by
+ * seccomp) cannot undo it. */
+static int seal_path(const char *pid, const char *path) {
+    char ns[64];
+    snprintf(ns, sizeof ns, "/proc/%s/ns/mnt", pid);
+    int nsfd = open(ns, O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) < 0) { perror(ns); return 1; }
+    int dir = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0 || fchdir(dir) < 0) { perror(path); return 1; }
+    if (mount(".", ".", NULL, MS_BIND | MS_REC, NULL) < 0) { perror("bind"); return 1; }
+    /* "." was the directory under the new mount: look it up again to reach the bind itself. */
+    int top = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (top < 0 || fchdir(top) < 0) { perror(path); return 1; }
+    if (mount(NULL, ".", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+              NULL) < 0) { perror("remount read-only"); return 1; }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--seal") == 0) return seal_path(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "--seccomp-filter") == 0) {
         /* The program, as raw struct sock_filter records, for a process that must install the
          * same filter itself (the grading zygote's children). */
