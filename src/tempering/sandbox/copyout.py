@@ -116,6 +116,12 @@ def cost(info: os.stat_result) -> int:
     return -(-size // PAGE) * PAGE
 
 
+def over(info: os.stat_result, limit: int) -> bool:
+    """Whether the file holds more than ``limit`` bytes, or allocates more than the pages
+    that many bytes need (a preallocated or oddly sparse file)."""
+    return info.st_size > limit or info.st_blocks * 512 > -(-limit // PAGE) * PAGE
+
+
 def describe(info: os.stat_result) -> str:
     return f"{info.st_size} bytes, {info.st_blocks * 512} allocated"
 
@@ -218,7 +224,7 @@ class Walk:
                 self.leave(path, "not a regular file")
             elif info.st_nlink > 1 and key in self._seen:
                 yield Entry(path, fd, info, link_of=self._seen[key])
-            elif cost(info) > limits.max_file_bytes:
+            elif over(info, limits.max_file_bytes):
                 self.leave(path, f"{describe(info)}, over {limits.max_file_bytes} per file")
             elif self.total + cost(info) > limits.max_total_bytes:
                 self.leave(path, f"{describe(info)}, past {limits.max_total_bytes} in all")

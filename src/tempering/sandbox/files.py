@@ -48,6 +48,7 @@ from tempering.sandbox.copyout import (
     describe,
     download_limits,
     download_tree,
+    over,
     read_at_most,
     read_tree,
 )
@@ -181,7 +182,7 @@ class Storage:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise SandboxPathError(f"path {path!r} is not a regular file")
-            if max(info.st_size, info.st_blocks * 512) > limit:
+            if over(info, limit):
                 raise _too_large(path, describe(info), limit)
             data = read_at_most(fd, limit)
             if data is None:
@@ -252,7 +253,7 @@ class Storage:
                 return download_tree(walk, local, src)
             if not stat.S_ISREG(info.st_mode):
                 raise SandboxPathError(f"path {src!r} is neither a regular file nor a directory")
-            if max(info.st_size, info.st_blocks * 512) > limits.max_file_bytes:
+            if over(info, limits.max_file_bytes):
                 raise _too_large(src, describe(info), limits.max_file_bytes)
             os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
             if not copy_file(walk, Entry(src, fd, info, allowed=limits.max_file_bytes), local):
