@@ -4,8 +4,9 @@ Everything in a sandbox was shaped by the agent, so no size is believed before i
 a sparse file's apparent size is not what it cost the sandbox's disk, and N hard links of one
 file are N files to a naive copy; a directory can be nested deeper than any recursion or hold
 more names than memory. So the walk here is iterative and breadth-first (entries nearest the
-root are taken first, then by name within a directory), and every entry is charged against
-``CopyLimits`` before it is taken, never after:
+root are taken first; within a directory the smaller files first, then by name, so what a byte
+budget leaves out is the largest files, not the source beside them), and every entry is
+charged against ``CopyLimits`` before it is taken, never after:
 
 - bytes: a file costs the larger of its apparent size (``st_size``) and its allocated size
   (``st_blocks * 512``), rounded up to a 4 KiB page, per file and in total; a read stops one
@@ -161,20 +162,32 @@ class Walk:
             return f"cannot be opened: {exc.strerror}"
 
     def _names(self, dirfd: int, path: str) -> list[tuple[str, str]]:
-        """(name, kind) of the directory's entries, sorted, read only as far as the budget."""
+        """(name, kind) of the directory's entries, read only as far as the budget goes: the
+        regular files first, smallest first (so a byte budget leaves out the largest files,
+        not the source beside them), then the rest by name."""
         budget = self.limits.max_entries - self.examined
-        names: list[tuple[str, str]] = []
-        with os.scandir(dirfd) as it:
+        files: list[tuple[int, str]] = []
+        others: list[tuple[str, str]] = []
+        with self.opening(), os.scandir(dirfd) as it:
             for e in it:
-                if len(names) >= budget:
+                if len(files) + len(others) >= budget:
                     self.leave(path or ".", f"more than {self.limits.max_entries} entries in "
                                             "all: the rest of this directory was not read")
                     break
-                kind = ("link" if e.is_symlink() else "dir" if e.is_dir(follow_symlinks=False)
-                        else "file" if e.is_file(follow_symlinks=False) else "special")
-                names.append((e.name, kind))
-        names.sort()
-        return names
+                if e.is_symlink():
+                    others.append((e.name, "link"))
+                elif e.is_dir(follow_symlinks=False):
+                    others.append((e.name, "dir"))
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        files.append((cost(e.stat(follow_symlinks=False)), e.name))
+                    except OSError:  # gone, or not ours to see: opening it will say which
+                        files.append((0, e.name))
+                else:
+                    others.append((e.name, "special"))
+        files.sort()
+        others.sort()
+        return [(name, "file") for _, name in files] + others
 
     def entries(self) -> Iterator[Entry]:
         """Directories (below the root) and the regular files within the limits, breadth
