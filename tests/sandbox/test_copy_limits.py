@@ -146,3 +146,16 @@ def test_a_file_that_grows_while_read_is_cut_off(tmp_path: Path) -> None:
             os.close(fd)
         assert walk.left_out == [("g", "grew past 2097152 bytes while it was read")]
         assert walk.total == 0
+
+
+async def test_fork_copies_a_deep_tree(make_spec) -> None:
+    """A fork copies the whole tree (memory storage copies it file by file) however deep."""
+    async with open_sandbox(make_spec()) as sb:
+        await run(sb, NESTED[:-1] + "\nopen('f', 'w').write('bottom')\"")
+        child = await sb.fork()
+        try:
+            r = await child.exec(["python3", "-c", "import os\nn = 0\nwhile os.path.isdir('d'):"
+                                  "\n    os.chdir('d'); n += 1\nprint(n, open('f').read())"])
+        finally:
+            await child.close()
+    assert r.stdout == "1100 bottom\n", r.stderr
