@@ -155,8 +155,10 @@ class Walk:
                 return openat2(dirfd, name, flags | os.O_RDONLY | os.O_NONBLOCK,
                                resolve=NO_LINKS)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EXDEV):
+            if exc.errno == errno.ELOOP:
                 return "symbolic link"
+            if exc.errno == errno.EXDEV:
+                return "another mount"
             if exc.errno == errno.ENXIO:
                 return "not a regular file"
             return f"cannot be opened: {exc.strerror}"
