@@ -8,7 +8,8 @@
     │   ├── SandboxClosedError                 the sandbox (or session) is closed or died
     │   ├── SandboxTimeoutError (TimeoutError) the sandbox stopped answering
     │   ├── SandboxPathError (ValueError)      a path leaves the sandbox or is not a plain file
-    │   │   └── SandboxFileNotFoundError (FileNotFoundError)   nothing at that path
+    │   │   ├── SandboxFileNotFoundError (FileNotFoundError)   nothing at that path
+    │   │   └── SandboxFileTooLargeError          a file is larger than the caller's limit
     │   ├── SandboxNotFoundError (LookupError) no sandbox under that id
     │   └── ResourceExhaustedError             the pool is full (and waiting was not asked for)
     ├── VerifierError                         grading could not produce a result
@@ -64,6 +65,11 @@ class SandboxFileNotFoundError(SandboxPathError, FileNotFoundError):
 
     def __str__(self) -> str:  # OSError would format (errno, strerror) otherwise
         return str(self.args[0]) if self.args else ""
+
+
+class SandboxFileTooLargeError(SandboxPathError):
+    """A file read or downloaded from a sandbox is larger (apparent or allocated size) than the
+    limit the caller allowed; nothing of it was loaded."""
 
 
 class SandboxNotFoundError(SandboxError, LookupError):

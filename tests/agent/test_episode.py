@@ -129,6 +129,21 @@ async def test_malformed_calls_are_observations_and_the_model_can_recover(task, 
     assert "missing.py" in traj.steps[5].observation
 
 
+async def test_reading_a_huge_sparse_file_is_an_observation(task, grader) -> None:
+    """The model's read_file of a 2 GiB sparse file is refused with the reason, before the
+    host loads any of it; the episode goes on."""
+    policy = ScriptedPolicy([
+        ("bash", {"command": "truncate -s 2G big"}),
+        ("read_file", {"path": "big"}),
+        ("write_file", {"path": "stats.py", "content": SOLUTION}),
+        ("submit", {}),
+    ])
+    traj = await run_episode(task, policy, grader=grader)
+    assert traj.status == Status.OK and traj.reward is not None and traj.reward.reward == 1.0
+    step = traj.steps[1]
+    assert step.error and "'big'" in step.observation and "2147483648 bytes" in step.observation
+
+
 async def test_too_many_errors_in_a_row_is_a_model_error_and_still_graded(task, grader) -> None:
     policy = ScriptedPolicy(["garbage"] * 5)
     traj = await run_episode(task, policy, grader=grader,

@@ -20,12 +20,14 @@ from tempering.errors import (
     SandboxClosedError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
     SandboxNotFoundError,
     SandboxPathError,
     SandboxStartError,
     SandboxUnavailableError,
 )
 from tempering.sandbox.base import Sandbox, ShellSession
+from tempering.sandbox.copyout import READ_FILE_LIMIT, CopyLimits, TreeCopy
 from tempering.sandbox.pool import PoolStats, SandboxPool
 from tempering.sandbox.spec import BACKENDS, ExecResult, SandboxSpec, SandboxUsage
 
@@ -68,4 +70,5 @@ __all__ = [
     "PoolStats", "open_sandbox", "create_sandbox", "backend_class", "SandboxError",
     "SandboxStartError", "SandboxClosedError", "SandboxPathError", "SandboxFileNotFoundError",
     "SandboxNotFoundError", "SandboxUnavailableError", "ResourceExhaustedError",
+    "SandboxFileTooLargeError", "CopyLimits", "TreeCopy", "READ_FILE_LIMIT",
 ]

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxClosedError, SandboxError
+from tempering.sandbox.copyout import CopyLimits, TreeCopy
 from tempering.sandbox.spec import ExecResult, SandboxSpec, SandboxUsage
 
 Sink = Callable[[bytes], None]
@@ -123,17 +124,27 @@ class Sandbox(abc.ABC):
         """Write a file (parents are created), relative to the workdir."""
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Read a regular file, relative to the workdir."""
+    async def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        """Read a regular file, relative to the workdir. A file larger than ``limit`` bytes
+        (``READ_FILE_LIMIT``, 16 MiB, by default), by apparent or allocated size, is refused
+        with SandboxFileTooLargeError before anything of it is loaded."""
 
     @abc.abstractmethod
     async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
         """Copy a host file or directory tree into the sandbox at ``dest``."""
 
     @abc.abstractmethod
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
-        """Copy a sandbox file or directory tree to the host (regular files and directories);
-        returns the paths left behind (symbolic links, devices, FIFOs), never followed."""
+    async def download(self, src: str, local_path: str | os.PathLike[str], *,
+                       limits: CopyLimits | None = None) -> list[str]:
+        """Copy a sandbox file or directory tree to the host (regular files and directories)
+        within ``limits`` (default ``download_limits(spec.disk_mb)``: nothing larger than the
+        sandbox's disk); returns the paths left behind (symbolic links, devices, FIFOs, what
+        the limits left out), never followed. Hard links stay hard links."""
+
+    @abc.abstractmethod
+    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None) -> TreeCopy:
+        """The regular files under the directory ``src``, read into memory within ``limits``
+        (default ``CopyLimits()``); what was left out is listed, never raised."""
 
     @abc.abstractmethod
     async def list(self, path: str = ".") -> list[str]:

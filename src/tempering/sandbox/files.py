@@ -10,6 +10,11 @@ Files are opened non-blocking and must be regular, so a planted FIFO cannot hang
 Every operation runs with the filesystem uid and gid of the sandbox's user (``setfsuid`` is per
 thread), which drops the host's file capabilities: the host touches the sandbox's files with
 exactly the rights of the user inside, and what it creates is owned by that user.
+
+What comes out is bounded while it is read, never checked after: ``read_file`` refuses a file
+over its limit before loading a byte, and ``download`` / ``read_tree`` walk the tree with
+``copyout.py`` (sizes by apparent and allocated bytes, counts, depth, hard links once,
+cancellable), so no shape an agent gives its files can cost the host more than the limits.
 """
 
 from __future__ import annotations
@@ -17,64 +22,46 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import ctypes
 import errno
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Concatenate, ParamSpec, Self, TypeVar
 
 from tempering.errors import (
     SandboxClosedError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
     SandboxPathError,
 )
 from tempering.sandbox.base import Process, Sandbox, Sink, ensure_open
+from tempering.sandbox.copyout import (
+    READ_FILE_LIMIT,
+    CopyLimits,
+    Entry,
+    TreeCopy,
+    Walk,
+    copy_file,
+    describe,
+    download_limits,
+    download_tree,
+    over,
+    read_at_most,
+    read_tree,
+)
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.native import native_binary
+from tempering.sandbox.replicate import replicate
+from tempering.sandbox.resolve import as_user, openat2
 from tempering.sandbox.spec import SandboxSpec
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS
-_NO_LINKS = _RESOLVE | RESOLVE_NO_SYMLINKS
-
+__all__ = ["Storage", "HostFileSandbox", "InitSandbox", "as_user", "openat2"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = _RESOLVE) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC | os.O_LARGEFILE, mode, resolve)
-    fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
-                            ctypes.sizeof(how))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return fd
-
-
-@contextlib.contextmanager
-def as_user(uid: int, gid: int) -> Iterator[None]:
-    """Run the block with this thread's filesystem ids set to ``uid``/``gid``."""
-    old_gid = _libc.setfsgid(gid)
-    old_uid = _libc.setfsuid(uid)
-    try:
-        yield
-    finally:
-        _libc.setfsuid(old_uid)
-        _libc.setfsgid(old_gid)
 
 
 def _confined(method: Callable[Concatenate[Storage, P], R]) -> Callable[Concatenate[Storage, P], R]:
@@ -190,16 +177,19 @@ class Storage:
             os.close(dirfd)
 
     @_confined
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, limit: int = READ_FILE_LIMIT) -> bytes:
+        """The file's bytes; SandboxFileTooLargeError, with nothing loaded, past ``limit``."""
         fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise SandboxPathError(f"path {path!r} is not a regular file")
-            os.set_blocking(fd, True)
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            return b"".join(chunks)
+            if over(info, limit):
+                raise _too_large(path, describe(info), limit)
+            data = read_at_most(fd, limit)
+            if data is None:
+                raise _too_large(path, "more bytes than that as it was read", limit)
+            return data
         finally:
             os.close(fd)
 
@@ -249,49 +239,42 @@ class Storage:
         finally:
             os.close(dirfd)
 
-    def download(self, src: str, local: str) -> list[str]:
-        """Copy regular files and directories out; returns the paths skipped (links, devices).
+    def download(self, src: str, local: str, limits: CopyLimits,
+                 stop: threading.Event | None = None) -> list[str]:
+        """Copy regular files and directories out within ``limits`` (``copyout.py``); returns
+        the paths left behind (links, devices, what the limits left out). A single file over
+        the limits is SandboxFileTooLargeError.
 
         Sandbox files are opened as its user, host files written with the caller's rights."""
-        skipped: list[str] = []
         with as_user(self.uid, self.gid):
             fd = self._open(src, os.O_RDONLY | os.O_NONBLOCK)
         try:
             info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode):
-                os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
-                _copy_out(fd, local)
-            elif stat.S_ISDIR(info.st_mode):
-                self._copy_tree(fd, local, src, skipped)
-            else:
+            walk = Walk(fd, limits, stop, lambda: as_user(self.uid, self.gid))
+            if stat.S_ISDIR(info.st_mode):
+                return download_tree(walk, local, src)
+            if not stat.S_ISREG(info.st_mode):
                 raise SandboxPathError(f"path {src!r} is neither a regular file nor a directory")
+            if over(info, limits.max_file_bytes):
+                raise _too_large(src, describe(info), limits.max_file_bytes)
+            os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+            if not copy_file(walk, Entry(src, fd, info, allowed=limits.max_file_bytes), local):
+                raise _too_large(src, "more bytes than that as it was read",
+                                 limits.max_file_bytes)
+            return []
         finally:
             os.close(fd)
-        return skipped
 
-    def _copy_tree(self, dirfd: int, local: str, label: str, skipped: list[str]) -> None:
-        os.makedirs(local, exist_ok=True)
+    def read_tree(self, src: str, limits: CopyLimits,
+                  stop: threading.Event | None = None) -> TreeCopy:
+        """The regular files under the directory ``src``, read into memory within ``limits``
+        (``copyout.py``), opened as the sandbox's user."""
         with as_user(self.uid, self.gid):
-            names = sorted(os.listdir(dirfd))
-        for name in names:
-            try:
-                with as_user(self.uid, self.gid):
-                    fd = openat2(dirfd, name, os.O_RDONLY | os.O_NONBLOCK,
-                                 resolve=_NO_LINKS)
-            except OSError:
-                skipped.append(posixpath.join(label, name))
-                continue
-            try:
-                mode = os.fstat(fd).st_mode
-                if stat.S_ISREG(mode):
-                    _copy_out(fd, os.path.join(local, name))
-                elif stat.S_ISDIR(mode):
-                    self._copy_tree(fd, os.path.join(local, name), posixpath.join(label, name),
-                                    skipped)
-                else:
-                    skipped.append(posixpath.join(label, name))
-            finally:
-                os.close(fd)
+            fd = self._open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+        try:
+            return read_tree(Walk(fd, limits, stop, lambda: as_user(self.uid, self.gid)))
+        finally:
+            os.close(fd)
 
     @_confined
     def copy_into(self, other: Storage) -> None:
@@ -300,60 +283,16 @@ class Storage:
             src = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             dst = os.open(other.roots[root], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                _replicate(src, dst)
+                replicate(src, dst)
             finally:
                 os.close(src)
                 os.close(dst)
 
 
-def _replicate(src: int, dst: int) -> None:
-    """Copy the tree under directory fd ``src`` into directory fd ``dst``: files, directories,
-    symbolic links (as links, never followed) and FIFOs, with modes and times."""
-    with os.scandir(src) as entries:
-        names = [e.name for e in entries]
-    for name in names:
-        info = os.stat(name, dir_fd=src, follow_symlinks=False)
-        mode = info.st_mode
-        if stat.S_ISDIR(mode):
-            os.mkdir(name, 0o700, dir_fd=dst)
-            sfd = openat2(src, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_NO_LINKS)
-            dfd = openat2(dst, name, os.O_RDONLY | os.O_DIRECTORY, resolve=_NO_LINKS)
-            try:
-                _replicate(sfd, dfd)
-            finally:
-                os.close(sfd)
-                os.close(dfd)
-        elif stat.S_ISREG(mode):
-            sfd = openat2(src, name, os.O_RDONLY | os.O_NONBLOCK, resolve=_NO_LINKS)
-            dfd = openat2(dst, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, resolve=_NO_LINKS)
-            try:
-                remaining = info.st_size
-                while remaining > 0:
-                    copied = os.sendfile(dfd, sfd, None, min(remaining, 1 << 30))
-                    if copied == 0:
-                        break
-                    remaining -= copied
-            finally:
-                os.close(sfd)
-                os.close(dfd)
-        elif stat.S_ISLNK(mode):
-            os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
-        elif stat.S_ISFIFO(mode):
-            os.mkfifo(name, 0o600, dir_fd=dst)
-        else:
-            continue  # sockets and devices are not copied
-        if not stat.S_ISLNK(mode):
-            os.chmod(name, stat.S_IMODE(mode), dir_fd=dst)
-        os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=dst, follow_symlinks=False)
-    times = os.fstat(src)
-    os.utime(dst, ns=(times.st_atime_ns, times.st_mtime_ns))
-
-
-def _copy_out(fd: int, local: str) -> None:
-    os.set_blocking(fd, True)
-    with open(local, "wb") as out:
-        while chunk := os.read(fd, 1 << 20):
-            out.write(chunk)
+def _too_large(path: str, size: str, limit: int) -> SandboxFileTooLargeError:
+    return SandboxFileTooLargeError(
+        f"file {path!r} in the sandbox holds {size}, over the limit of {limit} bytes; nothing "
+        "was read: pass a larger limit, or look at part of it with exec (head, tail)")
 
 
 def _path_error(path: str, exc: OSError) -> SandboxError:
@@ -393,18 +332,39 @@ class HostFileSandbox(Sandbox):
             self._files().write(path, raw, mode)
         self._command_finished()
 
-    async def read_file(self, path: str) -> bytes:
-        return self._files().read(path)
+    async def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        return self._files().read(path, READ_FILE_LIMIT if limit is None else limit)
 
     async def upload(self, local_path: str | os.PathLike[str], dest: str) -> None:
         await asyncio.to_thread(self._files().upload, os.fspath(local_path), dest)
         self._command_finished()
 
-    async def download(self, src: str, local_path: str | os.PathLike[str]) -> list[str]:
-        return await asyncio.to_thread(self._files().download, src, os.fspath(local_path))
+    async def download(self, src: str, local_path: str | os.PathLike[str], *,
+                       limits: CopyLimits | None = None) -> list[str]:
+        files, local = self._files(), os.fspath(local_path)
+        limits = limits or download_limits(self.spec.disk_mb)
+        return await _stoppable(lambda stop: files.download(src, local, limits, stop))
+
+    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None) -> TreeCopy:
+        files = self._files()
+        return await _stoppable(lambda stop: files.read_tree(src, limits or CopyLimits(), stop))
 
     async def list(self, path: str = ".") -> list[str]:
         return self._files().listdir(path)
+
+
+async def _stoppable(work: Callable[[threading.Event], R]) -> R:
+    """Run ``work`` in a thread; if the caller is cancelled, tell it to stop and wait until it
+    has (within one entry or one chunk), so nothing is still being copied once this returns."""
+    stop = threading.Event()
+    thread = asyncio.ensure_future(asyncio.to_thread(work, stop))
+    try:
+        return await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await thread
+        raise
 
 
 class InitSandbox(HostFileSandbox):

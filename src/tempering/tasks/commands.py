@@ -21,13 +21,14 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
     from tempering.reward import Grader
     from tempering.reward.report import render
-    from tempering.tasks import FileTree, load_task
+    from tempering.tasks import FileTree, Limits, load_task
 
     task = load_task(args.task_dir)
     if not args.workspace.is_dir():
         raise ConfigError(f"--workspace {args.workspace}: not a directory")
 
-    files = FileTree.read(args.workspace)
+    # The limits a grading reads an agent's sandbox with: what is taken fits the grading sandbox.
+    files = FileTree.read(args.workspace, Limits().fitting(task.sandbox.disk_mb))
     if args.overlay:  # DIR holds only the files that differ from the task's workspace
         files = task.workspace.overlay(dict(files.files), dict(files.modes))
 

@@ -1,34 +1,27 @@
 """File trees held in memory: a task's workspace, hidden tests and solution, an agent's edits.
 
 A tree maps POSIX paths relative to its root to contents and modes. Reading one from disk or
-from a sandbox never follows a symbolic link; what is left out (links, devices, files past the
-limits) is listed, so a grader can say what it did not take instead of crashing on it.
+from a sandbox never follows a symbolic link and applies its limits while it reads (sizes by
+apparent and allocated bytes, counts, depth, hard links once: ``sandbox/copyout.py``); what is
+left out (links, devices, what the limits refused) is listed, so a grader can say what it did
+not take instead of crashing on it, whatever shape the agent gave its workspace.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import posixpath
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tempering.errors import ConfigError
 from tempering.sandbox import Sandbox
+from tempering.sandbox.copyout import CopyLimits, Walk, read_tree
 
-MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The most a tree read from outside may hold; past these, files are left out (listed)."""
-
-    max_files: int = 10_000
-    max_file_bytes: int = 16 * MiB
-    max_total_bytes: int = 256 * MiB
+Limits = CopyLimits
+"""The most a tree read from outside may hold; past these, entries are left out (listed)."""
 
 
 @dataclass(frozen=True)
@@ -69,38 +62,17 @@ class FileTree(Mapping[str, bytes]):
 
     @classmethod
     def read(cls, root: Path | str, limits: Limits | None = None) -> FileTree:
-        """Read every regular file under ``root`` (symbolic links and special files are left
-        out, never followed); an absent root is an empty tree."""
-        limits = limits or Limits()
-        files: dict[str, bytes] = {}
-        modes: dict[str, int] = {}
-        left_out: list[str] = []
-        total = 0
-        root = Path(root)
-        if not root.is_dir():
+        """Read every regular file under ``root`` within ``limits`` (symbolic links and special
+        files are left out, never followed); an absent root is an empty tree."""
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
             return cls()
-        for top, dirs, names in os.walk(root):
-            dirs.sort()
-            rel_top = os.path.relpath(top, root)
-            for name in [*sorted(names), *[d for d in dirs if os.path.islink(Path(top, d))]]:
-                rel = name if rel_top == "." else posixpath.join(rel_top, name)
-                info = os.lstat(Path(top, name))
-                if stat.S_ISLNK(info.st_mode):
-                    left_out.append(f"{rel} (symbolic link)")
-                elif not stat.S_ISREG(info.st_mode):
-                    left_out.append(f"{rel} (not a regular file)")
-                elif len(files) >= limits.max_files:
-                    left_out.append(f"{rel} (more than {limits.max_files} files)")
-                elif info.st_size > limits.max_file_bytes:
-                    left_out.append(f"{rel} ({info.st_size} bytes, over "
-                                    f"{limits.max_file_bytes})")
-                elif total + info.st_size > limits.max_total_bytes:
-                    left_out.append(f"{rel} (past {limits.max_total_bytes} bytes in all)")
-                else:
-                    files[rel] = Path(top, name).read_bytes()
-                    modes[rel] = 0o755 if info.st_mode & 0o111 else 0o644
-                    total += len(files[rel])
-        return cls(files, modes, tuple(left_out))
+        try:
+            copy = read_tree(Walk(fd, limits or Limits()))
+        finally:
+            os.close(fd)
+        return cls(copy.files, copy.modes, copy.left_out)
 
     def overlay(self, changes: Mapping[str, bytes | None],
                 modes: Mapping[str, int] | None = None) -> FileTree:
@@ -123,13 +95,15 @@ class FileTree(Mapping[str, bytes]):
             await sb.write_file(target, self.files[path], self.mode(path))
 
 
-async def read_sandbox_tree(sb: Sandbox, scratch: Path, limits: Limits | None = None) -> FileTree:
-    """The files in a sandbox's workdir, by content: copied out through the sandbox's file API
-    (links and special files are left behind, never followed), then read with ``limits``."""
-    skipped = await sb.download(".", scratch)
-    tree = await asyncio.to_thread(FileTree.read, scratch, limits)
-    links = tuple(f"{p.removeprefix('./')} (symbolic link or special file)" for p in skipped)
-    return FileTree(tree.files, tree.modes, tree.left_out + links)
+async def read_sandbox_tree(sb: Sandbox, scratch: Path | None = None,
+                            limits: Limits | None = None) -> FileTree:
+    """The files in a sandbox's workdir, by content, read straight into memory through the
+    sandbox's file API within ``limits``, lowered so that the tree fits back into a grading
+    sandbox of the same spec (``CopyLimits.fitting``). Never raises for the workspace's shape:
+    what is left out is listed. (``scratch`` is not used: nothing is written to the host.)"""
+    del scratch
+    copy = await sb.read_tree(".", (limits or Limits()).fitting(sb.spec.disk_mb))
+    return FileTree(copy.files, copy.modes, copy.left_out)
 
 
 def check_path(path: str) -> str:
