@@ -328,3 +328,12 @@ def median(values):
 '''
     result = await attempt(task, {"stats.py": source})
     assert result.reward == 1.0, (result.flags, result.details, result.log[-1500:])
+
+
+async def test_a_workspace_file_too_big_to_read_stays_as_shipped(task, attempt) -> None:
+    """Crowded out or oversized, the agent's stats.py is not read: the pristine one is graded
+    (an honest 0), not a deleted module that looks like a broken runner."""
+    huge = SOLUTION + "#" * (17 << 20) + "\n"
+    result = await attempt(task, {"stats.py": huge})
+    assert result.reward == 0.0 and not result.tampered, (result.flags, result.details)
+    assert "files_left_out" in result.flags and result.tests_passed == 0

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import tempfile
 import time
-from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -138,8 +136,8 @@ class Grader:
     async def grade(self, task: Task, sb: Sandbox) -> RewardResult:
         """Grade the agent's final workspace in ``sb`` (which is left as it was)."""
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="tempering-grade-") as tmp:
-            final = await read_sandbox_tree(sb, Path(tmp, "workspace"), self.limits)
+        # Fitted to the grading sandbox's disk, which is the task's, whatever ``sb`` has.
+        final = await read_sandbox_tree(sb, self.limits, disk_mb=task.sandbox.disk_mb)
         return await self.grade_files(task, final, start=start)
 
     async def grade_files(self, task: Task, final: FileTree, *,

@@ -55,8 +55,10 @@ def screen(task: Task, final: FileTree) -> Screened:
     grading = task.config.grading
     protected = [grading.tests_dir, *grading.protected]
     out = Screened()
+    left_out = set()
     for entry in final.left_out:
         path = entry.split(" (", 1)[0]
+        left_out.add(path)
         if matches(path, protected):
             out.drop(path, "tests_symlink", f"left out as {entry.split(' (', 1)[1][:-1]}")
         else:
@@ -64,6 +66,8 @@ def screen(task: Task, final: FileTree) -> Screened:
             out.details.append(f"files_left_out: {entry}")
     paths = sorted(set(pristine) | set(final))
     for path in paths:
+        if path in left_out and path not in final:
+            continue  # not read (too big, too many): it stays as the task shipped it
         old, new = pristine.files.get(path), final.files.get(path)
         if old == new and (new is None or pristine.mode(path) == final.mode(path)):
             continue

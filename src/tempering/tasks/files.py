@@ -95,14 +95,14 @@ class FileTree(Mapping[str, bytes]):
             await sb.write_file(target, self.files[path], self.mode(path))
 
 
-async def read_sandbox_tree(sb: Sandbox, scratch: Path | None = None,
-                            limits: Limits | None = None) -> FileTree:
+async def read_sandbox_tree(sb: Sandbox, limits: Limits | None = None, *,
+                            disk_mb: int | None = None) -> FileTree:
     """The files in a sandbox's workdir, by content, read straight into memory through the
     sandbox's file API within ``limits``, lowered so that the tree fits back into a grading
-    sandbox of the same spec (``CopyLimits.fitting``). Never raises for the workspace's shape:
-    what is left out is listed. (``scratch`` is not used: nothing is written to the host.)"""
-    del scratch
-    copy = await sb.read_tree(".", (limits or Limits()).fitting(sb.spec.disk_mb))
+    sandbox of ``disk_mb`` (default: the sandbox's own; ``CopyLimits.fitting``). Never raises
+    for the workspace's shape: what is left out is listed."""
+    fit = sb.spec.disk_mb if disk_mb is None else disk_mb
+    copy = await sb.read_tree(".", (limits or Limits()).fitting(fit))
     return FileTree(copy.files, copy.modes, copy.left_out)
 
 
