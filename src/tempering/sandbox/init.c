@@ -166,12 +166,31 @@ static const int denied[] = {
 #endif
 };
 
+/* Legacy AIO: each io_setup reserves part of fs.aio-max-nr, one counter for the whole machine
+ * (a sandbox could take it all and make the host's own io_setup fail). ENOSYS, so libraries
+ * fall back to threads as they do on kernels without AIO. */
+static const int no_aio[] = {
+    SYS_io_setup, SYS_io_destroy, SYS_io_submit, SYS_io_cancel, SYS_io_getevents,
+#ifdef SYS_io_pgetevents
+    SYS_io_pgetevents,
+#endif
+};
+
+/* The only socket families a sandbox may create: each is confined by the sandbox's network
+ * namespace (or is a socket between its own processes). Everything else is refused, known or
+ * not: AF_VSOCK reaches the hypervisor and other guests' sandboxes with no namespace around it,
+ * AF_ALG is the whole kernel crypto API, AF_BLUETOOTH and the old protocol families (X.25,
+ * AppleTalk, RDS, TIPC...) are rarely namespaced and a long list of kernel bugs. */
+static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+
 #define STMT(code, k) ((struct sock_filter)BPF_STMT(code, k))
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
 
-enum { N_DENIED = sizeof denied / sizeof denied[0] };
-/* 2 instructions per denied call, 8 around them, 6 for ioctl, 7 for clone3 and clone. */
-enum { FILTER_MAX = 2 * N_DENIED + 24 };
+enum { N_DENIED = sizeof denied / sizeof denied[0], N_AIO = sizeof no_aio / sizeof no_aio[0] };
+enum { N_FAMILIES = sizeof socket_families / sizeof socket_families[0] };
+/* 2 instructions per denied or AIO call, 8 around them, 6 for ioctl, 7 for clone3 and clone,
+ * 5 + one per family for socket and socketpair. */
+enum { FILTER_MAX = 2 * (N_DENIED + N_AIO) + N_FAMILIES + 29 };
 
 /* The seccomp program every command runs under; returns its length. */
 static int build_filter(struct sock_filter *prog) {
@@ -192,6 +211,18 @@ static int build_filter(struct sock_filter *prog) {
         prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied[i], 0, 1);
         prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
     }
+    for (int i = 0; i < (int)N_AIO; i++) {
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)no_aio[i], 0, 1);
+        prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    }
+    /* socket and socketpair: the family (args[0]) must be one of socket_families. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socketpair, 0, N_FAMILIES + 3);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+    for (int i = 0; i < (int)N_FAMILIES; i++)
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, socket_families[i], N_FAMILIES - i, 0);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAFNOSUPPORT);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     /* btrfs ioctls (type 0x94): a nested subvolume or snapshot would escape the volume's quota. */
     prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 5);
     prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]));
