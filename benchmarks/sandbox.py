@@ -371,9 +371,10 @@ def user_processes() -> list[tuple[int, int, int, int]]:
 
 def ours(pid: int, ppid: int, session: int, uid: int) -> bool:
     """Whether a process belongs to this process's sandboxes: a bubblewrap we started, one of
-    the sandbox uid left in our session (a bubblewrap orphaned mid-start), or anything in our
+    a sandbox uid left in our session (a bubblewrap orphaned mid-start), or anything in our
     sandbox cgroups. Other jobs on the host may run sandboxes too; theirs do not count."""
-    if ppid == os.getpid() or (uid == local.host().uid and session == os.getsid(0)):
+    uids = local.host().uids
+    if ppid == os.getpid() or (uids.first <= uid <= uids.last and session == os.getsid(0)):
         return True
     try:
         with open(f"/proc/{pid}/cgroup") as f:

@@ -76,6 +76,32 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
         _libc.setfsgid(old_gid)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+_CAP_DAC_READ_SEARCH = 2
+
+
+@contextlib.contextmanager
+def _reading_all() -> Iterator[None]:
+    """Inside ``as_user``: this thread may read and search any file again (the setfsuid to a
+    non-root uid dropped CAP_DAC_READ_SEARCH; the setfsuid back to root restores it)."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0].effective |= 1 << _CAP_DAC_READ_SEARCH
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset CAP_DAC_READ_SEARCH")
+    yield
+
+
 def _confined(method: Callable[Concatenate[Storage, P], R]) -> Callable[Concatenate[Storage, P], R]:
     """Run a Storage method with the sandbox user's filesystem ids."""
     def wrapper(self: Storage, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -292,9 +318,16 @@ class Storage:
             finally:
                 os.close(fd)
 
-    @_confined
     def copy_into(self, other: Storage) -> None:
-        """Copy every root of this storage into the same root of ``other`` (a fork)."""
+        """Copy every root of this storage into the same root of ``other`` (a fork).
+
+        A fork runs as a host uid of its own, so the copy is made as ``other``'s user (its
+        filesystem accepts no other owner), and reads this storage's files with
+        CAP_DAC_READ_SEARCH: the parent's user owns them all and could read each anyway."""
+        with as_user(other.uid, other.gid), _reading_all():
+            self._copy_roots(other)
+
+    def _copy_roots(self, other: Storage) -> None:
         for root, path in self.roots.items():
             src = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             dst = os.open(other.roots[root], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -1,10 +1,11 @@
 """The host side of the local backend's two fork servers (``spawner.c`` and ``init.c``).
 
-``Spawner`` owns the one process per harness that starts bubblewrap as the sandbox uid, and
-reports when each exits. ``InitChannel`` owns the SOCK_SEQPACKET socket to one sandbox's PID 1:
-it starts commands (``EXEC``, with host pipes passed as SCM_RIGHTS), routes exit statuses back to
-them, and asks for tree kills and marks. ``LocalProcess`` reads a command's pipes on the event
-loop: no thread per sandbox or per command, so thousands of sandboxes share one loop.
+``Spawner`` owns the one process per harness that starts bubblewrap, each sandbox as the host
+uid it leased (``uids.py``), and reports when each exits. ``InitChannel`` owns the
+SOCK_SEQPACKET socket to one sandbox's PID 1: it starts commands (``EXEC``, with host pipes
+passed as SCM_RIGHTS), routes exit statuses back to them, and asks for tree kills and marks.
+``LocalProcess`` reads a command's pipes on the event loop: no thread per sandbox or per
+command, so thousands of sandboxes share one loop.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tempering.errors import SandboxClosedError, SandboxStartError
 from tempering.sandbox.base import PIPE, Process, Sink
+from tempering.sandbox.uids import UidRange
 
 MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
+_SPAWN_HEADER = struct.Struct("=IIIIII")  # type, id, argc, nfds, uid, gid
 SPAWN, SPAWNED, SPAWN_FAILED, SPAWN_EXITED = 1, 101, 102, 103
 
 
@@ -68,13 +71,14 @@ class Spawner:
     the sandboxes with it. Its socket is read on whichever event loop is running.
     """
 
-    def __init__(self, binary: str, uid: int, gid: int) -> None:
+    def __init__(self, binary: str, uids: UidRange) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Started as root: it keeps CAP_SETUID and CAP_SETGID only, as uids.spawner.
             self._proc = subprocess.Popen(
-                [binary, str(theirs.fileno()), str(os.getpid())], pass_fds=(theirs.fileno(),),
-                user=uid, group=gid, extra_groups=[], env={}, cwd="/",
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                [binary, str(theirs.fileno()), str(os.getpid()), str(uids.spawner),
+                 str(uids.first), str(uids.last)], pass_fds=(theirs.fileno(),), env={},
+                cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         finally:
             theirs.close()
         self._sock: socket.socket | None = ours
@@ -98,17 +102,18 @@ class Spawner:
             self._loop = loop
         return loop
 
-    async def spawn(self, argv: Sequence[str],
-                    fds: Sequence[int]) -> tuple[int, asyncio.Future[int]]:
-        """Start ``argv`` with ``fds`` as its fds 0, 1, 2, ...; returns its pid and a future of
-        its wait status."""
-        started, exited = self.request(argv, fds)
+    async def spawn(self, argv: Sequence[str], fds: Sequence[int], uid: int,
+                    gid: int) -> tuple[int, asyncio.Future[int]]:
+        """Start ``argv`` as ``uid``/``gid`` with ``fds`` as its fds 0, 1, 2, ...; returns its
+        pid and a future of its wait status."""
+        started, exited = self.request(argv, fds, uid, gid)
         return await started, exited
 
-    def request(self, argv: Sequence[str],
-                fds: Sequence[int]) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
-        """Send the start of ``argv`` now and return at once: futures of its pid and of its
-        wait status. The caller may work while the spawner forks (the fds may be closed)."""
+    def request(self, argv: Sequence[str], fds: Sequence[int], uid: int,
+                gid: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Send the start of ``argv`` (as ``uid``/``gid``, one of the sandbox range) now and
+        return at once: futures of its pid and of its wait status. The caller may work while
+        the spawner forks (the fds may be closed)."""
         loop = self._bind()
         if self._sock is None:
             raise SandboxStartError("the sandbox spawner is gone")
@@ -118,7 +123,8 @@ class Spawner:
         exited: asyncio.Future[int] = loop.create_future()
         self._pending[ident] = (started, exited)
         payload = b"".join(a.encode() + b"\0" for a in argv)
-        _send(self._sock, _HEADER.pack(SPAWN, ident, len(argv), len(fds)) + payload, fds)
+        _send(self._sock, _SPAWN_HEADER.pack(SPAWN, ident, len(argv), len(fds), uid, gid)
+              + payload, fds)
         return started, exited
 
     def _on_readable(self) -> None:

@@ -2,7 +2,8 @@
 
 Starting a sandbox is one bubblewrap process, forked by this process's spawner (``host.py``,
 ``spawner.c``): new user, pid, mount, net, ipc, uts and cgroup namespaces, a read-only system
-(``rootfs.py``), run as an unprivileged host uid. Its first
+(``rootfs.py``), run as an unprivileged host uid that no other live sandbox has
+(``uids.py``: sandboxes share no per-user kernel counter). Its first
 process is ``init.c``, a fork server that mounts the size-limited storage, drops every capability
 and installs seccomp. The host moves it into the sandbox's cgroups (``cgroup.py``) before the
 first command, then talks to it over one SOCK_SEQPACKET socket: a command costs a fork inside
@@ -47,6 +48,7 @@ from tempering.sandbox.host import (
     host,
     make_volume,
     reclaim,
+    snapshot_volume,
     spare_volumes,
     spawner,
     storage_for,
@@ -54,6 +56,7 @@ from tempering.sandbox.host import (
 )
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+from tempering.sandbox.uids import UidLease, lease_uid
 
 __all__ = ["LocalSandbox", "host", "spawner", "volumes"]
 
@@ -103,6 +106,7 @@ class LocalSandbox(InitSandbox):
         self._dead: str | None = None
         self._storage: Storage | None = None
         self._volume: str | None = None  # set once this sandbox owns a volume
+        self._uid: UidLease | None = None  # the host uid it runs as, held until it is gone
         self.storage = storage_for(spec.storage)
         """The storage it runs on: ``memory`` or ``volume`` (``auto`` resolved)."""
 
@@ -124,29 +128,34 @@ class LocalSandbox(InitSandbox):
         await asyncio.to_thread(storage_for, "auto")  # may mount the volume pool
         atexit.register(_close_all_at_exit)
 
-    def _new_volume(self, snapshot_of: str | None) -> str:
+    def _new_volume(self, snapshot_of: str | None, uid: int) -> str:
         """Create (or snapshot) this sandbox's volume, with a workdir and /tmp of its user."""
         pool, name, size = volumes(), self.volume_name, self.spec.disk_mb << 20
         if snapshot_of is None:
-            spare = spare_volumes().take(size, _reaper())
+            spare = spare_volumes().take(size, _reaper(), uid, uid)
             if spare is not None:
                 os.rename(pool.path(spare), pool.path(name))
             else:
-                make_volume(name, size)
+                make_volume(name, size, uid, uid)
             self._volume = name
         else:
-            pool.snapshot(snapshot_of, name, size)
-            self._volume = name
+            try:
+                snapshot_volume(snapshot_of, name, size, uid, uid)
+            finally:  # a snapshot whose chown failed is still this sandbox's to destroy
+                if os.path.isdir(pool.path(name)):
+                    self._volume = name
         return name
 
     async def _start(self, snapshot_of: str | None = None) -> None:
-        h, spec = self._host, self.spec
+        spec = self.spec
+        self._uid = lease_uid()
+        uid = self._uid.uid
         storage: list[str] = []
         disk = str(spec.disk_mb << 20)
         if self.storage == "volume":
             # Creating a volume is one quick ioctl; a snapshot may write data back first.
-            name = (self._new_volume(None) if snapshot_of is None
-                    else await asyncio.to_thread(self._new_volume, snapshot_of))
+            name = (self._new_volume(None, uid) if snapshot_of is None
+                    else await asyncio.to_thread(self._new_volume, snapshot_of, uid))
             vol = volumes().path(name)
             storage = ["--bind", str(vol / "workspace"), spec.workdir,
                        "--bind", str(vol / "tmp"), "/tmp"]
@@ -161,7 +170,7 @@ class LocalSandbox(InitSandbox):
         self._bwrap_stderr = err_r
         try:
             started, self._bwrap_exit = spawner().request(
-                args, [devnull, devnull, err_w, theirs.fileno(), info_w])
+                args, [devnull, devnull, err_w, theirs.fileno(), info_w], uid, uid)
         except BaseException:
             ours.close()
             os.close(info_r)
@@ -201,7 +210,7 @@ class LocalSandbox(InitSandbox):
         else:
             root = f"/proc/{self._init_pid}/root"
             roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"}
-        self._storage = Storage(roots, spec.workdir, h.uid, h.gid)
+        self._storage = Storage(roots, spec.workdir, uid, uid)
 
     def _why(self, exc: BaseException) -> str:
         detail = b""
@@ -220,6 +229,9 @@ class LocalSandbox(InitSandbox):
             self._channel.close("sandbox closed")
         if self._bwrap_exit is not None:
             await _wait_exit(self._bwrap_exit, self._bwrap_pid, self._init_pid)
+        if self._uid is not None:  # nothing runs as it now (the pid namespace is gone)
+            self._uid.release()
+            self._uid = None
         if self._bwrap_stderr >= 0:
             os.close(self._bwrap_stderr)
             self._bwrap_stderr = -1

@@ -1,21 +1,29 @@
 /*
- * tempering-spawner: starts bubblewrap for the host, as the unprivileged sandbox user.
+ * tempering-spawner: starts bubblewrap for the host, each sandbox as its own unprivileged uid.
  *
  * The harness is a Python process that may hold gigabytes (a trainer with torch loaded), and
  * fork() copies its page tables: starting each sandbox from it would cost milliseconds, more as
- * it grows. This process is started once, already as the sandbox uid, and forks in
- * microseconds. It dies with the harness (PR_SET_PDEATHSIG), and bubblewrap's
- * --die-with-parent then takes every sandbox with it.
+ * it grows. This process is started once and forks in microseconds. It dies with the harness
+ * (PR_SET_PDEATHSIG), and bubblewrap's --die-with-parent then takes every sandbox with it.
+ *
+ * Each sandbox runs as a host uid of its own (the host leases it, see uids.py), so that the
+ * kernel's per-user counters (inotify instances, pipe pages, RLIMIT_NPROC, message queue bytes,
+ * user namespaces...) are not shared between sandboxes. So this process keeps CAP_SETUID and
+ * CAP_SETGID, and nothing else: it runs as a uid of its own below the sandboxes' range, and its
+ * child becomes the requested uid (only one of that range) and drops both before executing
+ * bubblewrap.
  *
  * Wire format (SOCK_SEQPACKET, native byte order):
- *   host -> spawner  SPAWN   {u32 type=1, u32 id, u32 argc, u32 nfds} argv...\0 + nfds fds;
- *                            the fds become the child's 0, 1, 2, ... in order
+ *   host -> spawner  SPAWN   {u32 type=1, u32 id, u32 argc, u32 nfds, u32 uid, u32 gid}
+ *                            argv...\0 + nfds fds; the fds become the child's 0, 1, 2, ... in order
  *   spawner -> host  SPAWNED {u32 type=101, u32 id, i32 pid, 0}
  *                    FAILED  {u32 type=102, u32 id, i32 errno, 0}
  *                    EXITED  {u32 type=103, 0, i32 pid, i32 wait_status}
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <grp.h>
+#include <linux/capability.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,8 +44,10 @@ enum { MSG_SPAWN = 1, MSG_SPAWNED = 101, MSG_FAILED = 102, MSG_EXITED = 103 };
 enum { MAX_MSG = 1 << 20, MAX_FDS = 16 };
 
 struct header { uint32_t type, id, a, b; };
+struct request { struct header h; uint32_t uid, gid; };
 
 static int ctl;
+static uint32_t first_uid, last_uid; /* the range a sandbox may run as */
 static char buf[MAX_MSG + 1];
 
 static void reply(uint32_t type, uint32_t id, int32_t a, int32_t b) {
@@ -45,7 +55,21 @@ static void reply(uint32_t type, uint32_t id, int32_t a, int32_t b) {
     while (send(ctl, &h, sizeof h, MSG_NOSIGNAL) < 0 && errno == EINTR) {}
 }
 
-static void spawn(const struct header *h, char *payload, size_t len, int *fds, int nfds) {
+/* Keep exactly `caps` (a mask of CAP_SETUID and CAP_SETGID, or 0) in every set of this process. */
+static int keep_caps(uint32_t caps) {
+    struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    data[0].effective = data[0].permitted = caps;
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+static void spawn(const struct request *r, char *payload, size_t len, int *fds, int nfds) {
+    const struct header *h = &r->h;
+    if (r->uid < first_uid || r->uid > last_uid || r->gid < first_uid || r->gid > last_uid) {
+        reply(MSG_FAILED, h->id, EPERM, 0);
+        return;
+    }
     char **argv = calloc(h->a + 1, sizeof(char *));
     char *p = payload, *end = payload + len;
     for (uint32_t i = 0; i < h->a; i++) {
@@ -62,6 +86,11 @@ static void spawn(const struct header *h, char *payload, size_t len, int *fds, i
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        if (setgroups(0, NULL) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||
+            setresuid(r->uid, r->uid, r->uid) < 0 || keep_caps(0) < 0) {
+            if (nfds > 2) dprintf(2, "the spawner cannot become uid %u: %s\n", r->uid, strerror(errno));
+            _exit(127);
+        }
         execv(argv[0], argv);
         if (nfds > 2) dprintf(2, "the sandbox uid cannot execute %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -76,22 +105,38 @@ static void handle(void) {
     ssize_t n = recv_with_fds(ctl, buf, MAX_MSG, fds, MAX_FDS, &nfds);
     if (n == 0) _exit(0); /* the harness is gone */
     if (n < 0) { if (errno == EINTR || errno == EAGAIN) return; _exit(1); }
-    struct header h;
-    if ((size_t)n >= sizeof h) {
-        memcpy(&h, buf, sizeof h);
+    struct request r;
+    if ((size_t)n >= sizeof r) {
+        memcpy(&r, buf, sizeof r);
         buf[n] = 0;
-        if (h.type == MSG_SPAWN && (int)h.b == nfds)
-            spawn(&h, buf + sizeof h, (size_t)n - sizeof h, fds, nfds);
+        if (r.h.type == MSG_SPAWN && (int)r.h.b == nfds)
+            spawn(&r, buf + sizeof r, (size_t)n - sizeof r, fds, nfds);
         else
-            reply(MSG_FAILED, h.id, EINVAL, 0);
+            reply(MSG_FAILED, r.h.id, EINVAL, 0);
+    } else if ((size_t)n >= sizeof r.h) {
+        memcpy(&r.h, buf, sizeof r.h);
+        reply(MSG_FAILED, r.h.id, EINVAL, 0);
     }
     for (int i = 0; i < nfds; i++) close(fds[i]);
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2; /* tempering-spawner CONTROL_FD HARNESS_PID */
+    /* tempering-spawner CONTROL_FD HARNESS_PID OWN_UID FIRST_UID LAST_UID, started as root */
+    if (argc != 6) return 2;
     ctl = atoi(argv[1]);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    uid_t own = (uid_t)strtoul(argv[3], NULL, 10);
+    first_uid = (uint32_t)strtoul(argv[4], NULL, 10);
+    last_uid = (uint32_t)strtoul(argv[5], NULL, 10);
+    if (own == 0 || first_uid == 0 || first_uid > last_uid || (own >= first_uid && own <= last_uid))
+        return 2;
+    const uint32_t setid = (1U << CAP_SETUID) | (1U << CAP_SETGID);
+    for (int cap = 0; cap <= 63; cap++)
+        if (cap != CAP_SETUID && cap != CAP_SETGID) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+    if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0 || setgroups(0, NULL) < 0 ||
+        setresgid(own, own, own) < 0 || setresuid(own, own, own) < 0 || keep_caps(setid) < 0)
+        return 1;
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* no process of its uid may trace it */
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* after the uid change, which would clear it */
     if (getppid() != (pid_t)atoi(argv[2])) return 1; /* the harness died before the prctl */
     sigset_t mask;
     sigemptyset(&mask);
