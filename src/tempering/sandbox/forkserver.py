@@ -29,7 +29,7 @@ MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
 _SPAWN_HEADER = struct.Struct("=IIIIII")  # type, id, argc, nfds, uid, gid
-SPAWN, SPAWNED, SPAWN_FAILED, SPAWN_EXITED = 1, 101, 102, 103
+SPAWN, USERNS, SPAWNED, SPAWN_FAILED, SPAWN_EXITED, USERNS_READY = 1, 2, 101, 102, 103, 104
 
 
 def _send(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
@@ -88,6 +88,7 @@ class Spawner:
         # spawn id -> (its pid, its wait status); by pid once it started
         self._pending: dict[int, tuple[asyncio.Future[int], asyncio.Future[int]]] = {}
         self._exits: dict[int, asyncio.Future[int]] = {}
+        self._userns: dict[int, asyncio.Future[int]] = {}  # request id -> the namespace's fd
 
     @property
     def alive(self) -> bool:
@@ -127,15 +128,46 @@ class Spawner:
               + payload, fds)
         return started, exited
 
+    async def userns(self, inside: int, outside: int) -> int:
+        """A descriptor of a new user namespace that maps uid and gid ``inside`` to
+        ``outside`` (both of the sandbox range): the mapping of an idmapped mount. The caller
+        closes it."""
+        loop = self._bind()
+        if self._sock is None:
+            raise SandboxStartError("the sandbox spawner is gone")
+        ident = next(self._ids)
+        made: asyncio.Future[int] = loop.create_future()
+        self._userns[ident] = made
+        _send(self._sock, _SPAWN_HEADER.pack(USERNS, ident, inside, outside, 0, 0), ())
+        return await made
+
     def _on_readable(self) -> None:
         if self._sock is None:
             return
-        for msg in _received(self._sock, 64):
+        while self._sock is not None:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg, fds = b"", []
             if not msg:
                 self._die()
                 return
             kind, ident, a, b = _HEADER.unpack_from(msg)
-            if kind == SPAWNED and ident in self._pending:
+            if kind == USERNS_READY and ident in self._userns and fds:
+                made = self._userns.pop(ident)
+                if made.done() or made.get_loop().is_closed():
+                    os.close(fds[0])
+                else:
+                    made.set_result(fds[0])
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == SPAWN_FAILED and ident in self._userns:
+                _settle(self._userns.pop(ident), error=SandboxStartError(
+                    f"cannot make a user namespace for an idmapped volume: {os.strerror(a)}"))
+            elif kind == SPAWNED and ident in self._pending:
                 started, self._exits[a] = self._pending.pop(ident)
                 _settle(started, result=a)
             elif kind == SPAWN_FAILED and ident in self._pending:
@@ -152,10 +184,11 @@ class Spawner:
             self._sock.close()
             self._sock = None
         for fut in [*(f for pair in self._pending.values() for f in pair),
-                    *self._exits.values()]:
+                    *self._exits.values(), *self._userns.values()]:
             _settle(fut, error=SandboxClosedError("the sandbox spawner died"))
         self._pending.clear()
         self._exits.clear()
+        self._userns.clear()
 
 
 def _settle(fut: asyncio.Future[int], *, result: int = 0,

@@ -6,8 +6,10 @@
  *
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
  *      size-limited tmpfs and binds two directories of it at the workdir and /tmp, so both count
- *      against one disk budget (unless the host bound a copy-on-write volume there instead). Then it becomes an ordinary user in a nested user namespace,
- *      with no capability left, and installs a seccomp filter.
+ *      against one disk budget (unless the host bound a copy-on-write volume there instead, or
+ *      passed a fork's volume as an idmapped mount for it to attach: its files belong to the
+ *      parent's uid on disk and to this sandbox's here). Then it becomes an ordinary user in a
+ *      nested user namespace, with no capability left, and installs a seccomp filter.
  *   2. It is a fork server: the host sends EXEC requests over a SOCK_SEQPACKET socket (argv[1]),
  *      with the command's stdin/stdout/stderr as SCM_RIGHTS file descriptors. A command in a
  *      live sandbox costs one fork here, never a new sandbox.
@@ -104,6 +106,22 @@ static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
     if (mount(path, workdir, NULL, MS_BIND, NULL) < 0) die_setup("bind workdir");
     snprintf(path, sizeof path, "%s/tmp", disk);
     if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir tmp");
+    if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
+    if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
+}
+
+/* A fork's volume arrives as a detached idmapped mount (fd): its files are its parent's uid's on
+ * disk and this sandbox's uid's here. Attach it where the tmpfs would go, and bind the same two
+ * directories of it. */
+static void setup_volume(int tree, const char *workdir) {
+    const char *disk = "/.tempering/disk";
+    char path[256];
+    if (syscall(SYS_move_mount, tree, "", AT_FDCWD, disk, 0x00000004 /* F_EMPTY_PATH */) < 0)
+        die_setup("attach the volume");
+    close(tree);
+    snprintf(path, sizeof path, "%s/workspace", disk);
+    if (mount(path, workdir, NULL, MS_BIND, NULL) < 0) die_setup("bind workdir");
+    snprintf(path, sizeof path, "%s/tmp", disk);
     if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
@@ -503,12 +521,17 @@ int main(int argc, char **argv) {
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
     if (argc != 6) {
-        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID (run by the sandbox)\n");
+        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES|mount:FD WORKDIR UID GID "
+                        "(run by the sandbox)\n");
         return 2;
     }
     CTL_FD = control_channel(argv[1]);
-    unsigned long long disk = strtoull(argv[2], NULL, 10);
-    if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+    if (strncmp(argv[2], "mount:", 6) == 0) { /* an idmapped volume, passed as this fd */
+        setup_volume(atoi(argv[2] + 6), argv[3]);
+    } else {
+        unsigned long long disk = strtoull(argv[2], NULL, 10);
+        if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+    }
     /* In a container the engine already made us the unprivileged user, with no capability. */
     if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
     /* Commands run as the same user: without this they could ptrace the fork server. */

@@ -46,9 +46,9 @@ from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     host,
+    idmapped_volume,
     make_volume,
     reclaim,
-    snapshot_volume,
     spare_volumes,
     spawner,
     storage_for,
@@ -107,6 +107,9 @@ class LocalSandbox(InitSandbox):
         self._storage: Storage | None = None
         self._volume: str | None = None  # set once this sandbox owns a volume
         self._uid: UidLease | None = None  # the host uid it runs as, held until it is gone
+        # Who owns its volume's files on disk: its own uid, or for a fork the uid that owned
+        # its parent's (an idmapped mount shows them to it as its own).
+        self._disk_uid: int | None = None
         self.storage = storage_for(spec.storage)
         """The storage it runs on: ``memory`` or ``volume`` (``auto`` resolved)."""
 
@@ -139,44 +142,52 @@ class LocalSandbox(InitSandbox):
                 make_volume(name, size, uid, uid)
             self._volume = name
         else:
-            try:
-                snapshot_volume(snapshot_of, name, size, uid, uid)
-            finally:  # a snapshot whose chown failed is still this sandbox's to destroy
-                if os.path.isdir(pool.path(name)):
-                    self._volume = name
+            pool.snapshot(snapshot_of, name, size)
+            self._volume = name
         return name
 
     async def _start(self, snapshot_of: str | None = None) -> None:
         spec = self.spec
         self._uid = lease_uid()
         uid = self._uid.uid
+        if self._disk_uid is None:
+            self._disk_uid = uid
         storage: list[str] = []
         disk = str(spec.disk_mb << 20)
-        if self.storage == "volume":
-            # Creating a volume is one quick ioctl; a snapshot may write data back first.
-            name = (self._new_volume(None, uid) if snapshot_of is None
-                    else await asyncio.to_thread(self._new_volume, snapshot_of, uid))
-            vol = volumes().path(name)
+        tree: list[int] = []  # a fork's idmapped volume, for the init to attach (its fd 5)
+        if self.storage == "volume" and snapshot_of is None:  # one quick ioctl, or a rename
+            vol = volumes().path(self._new_volume(None, uid))
             storage = ["--bind", str(vol / "workspace"), spec.workdir,
                        "--bind", str(vol / "tmp"), "/tmp"]
             disk = "0"  # the init mounts no tmpfs
+        elif self.storage == "volume" and snapshot_of is not None:
+            # A snapshot (which may write data back first) keeps its parent's owner on disk:
+            # the init attaches it idmapped, so that it is this sandbox's uid's in here.
+            name = await asyncio.to_thread(self._new_volume, snapshot_of, uid)
+            userns = await spawner().userns(self._disk_uid, uid)
+            try:
+                tree = [idmapped_volume(name, userns)]
+            finally:
+                os.close(userns)
+            disk = "mount:5"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe
+        # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe,
+        # 5 a fork's volume
         args = bwrap_argv(spec, storage, ["/.tempering/init", "3", disk, spec.workdir, "1000",
                                           "1000"])
         self._bwrap_stderr = err_r
         try:
             started, self._bwrap_exit = spawner().request(
-                args, [devnull, devnull, err_w, theirs.fileno(), info_w], uid, uid)
+                args, [devnull, devnull, err_w, theirs.fileno(), info_w, *tree], uid, uid)
         except BaseException:
             ours.close()
             os.close(info_r)
             raise
         finally:
-            for fd in (devnull, err_w, info_w):
+            for fd in (devnull, err_w, info_w, *tree):
                 os.close(fd)
             theirs.close()
         self._channel = InitChannel(ours, f"sandbox {self.id}", self._on_death)
@@ -210,7 +221,8 @@ class LocalSandbox(InitSandbox):
         else:
             root = f"/proc/{self._init_pid}/root"
             roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"}
-        self._storage = Storage(roots, spec.workdir, uid, uid)
+        owner = self._disk_uid if self._volume is not None else uid  # as the files are stored
+        self._storage = Storage(roots, spec.workdir, owner, owner)
 
     def _why(self, exc: BaseException) -> str:
         detail = b""
@@ -283,6 +295,7 @@ class LocalSandbox(InitSandbox):
         child = LocalSandbox(self.spec)
         try:
             if self._volume is not None:
+                child._disk_uid = self._disk_uid  # its snapshot's files stay as they are
                 await child._start(snapshot_of=self._volume)
             else:
                 await child._start()
