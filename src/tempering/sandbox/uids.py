@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import os
+import pwd
 import random
 import signal
 import threading
@@ -58,6 +60,13 @@ def uid_range() -> UidRange:
             f"TEMPERING_SANDBOX_UID_COUNT={count}) must be at least two uids, above 0, below "
             "2^31 and clear of nobody (65534) and 65535; the default is "
             f"{DEFAULT_FIRST} with {DEFAULT_COUNT} uids")
+    for name, ident in [(f"user {u.pw_name}", u.pw_uid) for u in pwd.getpwall()] + [
+            (f"group {g.gr_name}", g.gr_gid) for g in grp.getgrall()]:
+        if base <= ident <= last:  # a sandbox would own that account's files and processes
+            raise SandboxUnavailableError(
+                f"the sandbox uid range {base}-{last} holds {name} ({ident}) of this host; "
+                "choose a range no account uses with TEMPERING_SANDBOX_UID and "
+                "TEMPERING_SANDBOX_UID_COUNT")
     return UidRange(base, base + 1, last)
 
 
