@@ -5,6 +5,7 @@ asks for the same kind of thing; both backends, both storages."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import os
@@ -18,7 +19,7 @@ import pytest
 
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.sandbox.native import home
-from tempering.sandbox.uids import evict, lease_uid, reclaim_uids, uid_range
+from tempering.sandbox.uids import uid_range
 
 # Takes every instance of a per-user counter it can and holds them; prints how many it got
 # and the errno that stopped it. {take} is a statement that takes one (raises OSError when
@@ -171,35 +172,50 @@ async def test_every_sandbox_runs_as_a_host_uid_of_its_own(make_spec) -> None:
         assert not (home() / "uids" / str(uid)).exists()
 
 
+# Three uids of their own (the spawner's and two sandbox uids), so that two processes must meet.
+SMALL_RANGE = {"TEMPERING_SANDBOX_UID": str(0x7002_0000), "TEMPERING_SANDBOX_UID_COUNT": "3"}
+
+
+def _python(script: str, **kw) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, **SMALL_RANGE, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=env, **kw)
+
+
 def test_a_lease_is_unique_across_processes_and_freed_with_its_owner() -> None:
-    # Another process leases a uid, starts a process that runs as it, and dies.
-    script = ("import os, subprocess, sys\nfrom tempering.sandbox.uids import lease_uid\n"
-              "lease = lease_uid()\n"
-              "p = subprocess.Popen(['sleep', '300'], user=lease.uid, group=lease.gid, "
-              "extra_groups=[], start_new_session=True)\n"
-              "print(lease.uid, p.pid, flush=True)\nsys.stdin.read()\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env)
+    # One process leases a uid, starts a process that runs as it, and will die holding it.
+    owner = _python("import subprocess, sys\nfrom tempering.sandbox.uids import lease_uid\n"
+                    "lease = lease_uid()\n"
+                    "p = subprocess.Popen(['sleep', '300'], user=lease.uid, group=lease.gid, "
+                    "extra_groups=[], start_new_session=True)\n"
+                    "print(lease.uid, p.pid, flush=True)\nsys.stdin.read()\n",
+                    stdin=subprocess.PIPE)
     assert owner.stdout is not None
     uid, sleeper = (int(x) for x in owner.stdout.readline().split())
     try:
-        ours = [lease_uid() for _ in range(64)]
-        assert uid not in {lease.uid for lease in ours}  # held by a live owner: never given
-        for lease in ours:
-            lease.release()
-        owner.send_signal(signal.SIGKILL)
+        # Another process gets the other uid, and then none: the owner's is never given.
+        other = _python("from tempering.errors import SandboxStartError\n"
+                        "from tempering.sandbox.uids import lease_uid\n"
+                        "first = lease_uid()\ntry:\n    lease_uid()\n    print(first.uid, 'more')\n"
+                        "except SandboxStartError:\n    print(first.uid, 'full')\nfirst.release()\n")
+        got, rest = other.communicate(timeout=60)[0].split()
+        assert int(got) != uid and rest == "full"
+        owner.kill()
         owner.wait()
-        assert os.path.exists(f"/proc/{sleeper}")  # what ran as the uid outlived its owner
-        assert uid in reclaim_uids()
+        assert _alive(sleeper)  # what ran as the uid outlived its owner
+        reclaim = _python("from tempering.sandbox.uids import reclaim_uids\n"
+                          "print(*reclaim_uids())\n")
+        freed = reclaim.communicate(timeout=60)[0].split()
+        assert freed == [str(uid)]  # a dead owner's lease, and only that one
         for _ in range(100):
             if not _alive(sleeper):
                 break
             time.sleep(0.01)
-        assert not _alive(sleeper)  # killed when the uid was freed
+        assert not _alive(sleeper)  # killed when its uid was freed
     finally:
         owner.kill()
-        evict(uid)
+        with contextlib.suppress(OSError):
+            os.kill(sleeper, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
