@@ -197,7 +197,8 @@ def test_a_lease_is_unique_across_processes_and_freed_with_its_owner() -> None:
         other = _python("from tempering.errors import SandboxStartError\n"
                         "from tempering.sandbox.uids import lease_uid\n"
                         "first = lease_uid()\ntry:\n    lease_uid()\n    print(first.uid, 'more')\n"
-                        "except SandboxStartError:\n    print(first.uid, 'full')\nfirst.release()\n")
+                        "except SandboxStartError:\n    print(first.uid, 'full')\n"
+                        "first.release()\n")
         got, rest = other.communicate(timeout=60)[0].split()
         assert int(got) != uid and rest == "full"
         owner.kill()
