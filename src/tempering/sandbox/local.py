@@ -163,9 +163,16 @@ class LocalSandbox(InitSandbox):
         elif self.storage == "volume" and snapshot_of is not None:
             # A snapshot (which may write data back first) keeps its parent's owner on disk:
             # the init attaches it idmapped, so that it is this sandbox's uid's in here.
-            name = await asyncio.to_thread(self._new_volume, snapshot_of, uid)
-            userns = await spawner().userns(self._disk_uid, uid)
+            # The spawner makes the mapping while a thread makes the snapshot.
+            made = await asyncio.gather(asyncio.to_thread(self._new_volume, snapshot_of, uid),
+                                        spawner().userns(self._disk_uid, uid),
+                                        return_exceptions=True)
+            name, userns = made
+            if isinstance(userns, BaseException):
+                raise userns
             try:
+                if isinstance(name, BaseException):
+                    raise name
                 tree = [idmapped_volume(name, userns)]
             finally:
                 os.close(userns)
