@@ -196,16 +196,14 @@ def snapshot_volume(source: str, name: str, size: int, uid: int, gid: int) -> Pa
     """A snapshot of volume ``source`` whose every file is given to ``uid``/``gid`` (a fork
     runs as a uid of its own, so it must own its copy; one lchown per inode). The docker
     backend's way: the local backend shows a plain snapshot through an idmapped mount."""
-    pool = volumes()
-    pool.snapshot(source, name, size)
-    path = pool.path(name)
-    _chown_tree(path, uid, gid)
-    return path
+    volumes().snapshot(source, name, size)
+    return chown_volume(name, uid, gid)
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """lchown everything below ``root`` (and itself), iteratively, not following links and not
-    leaving the volume (a sandbox cannot mount anything into it)."""
+def chown_volume(name: str, uid: int, gid: int) -> Path:
+    """lchown everything in volume ``name``, iteratively, not following links and not leaving
+    the volume (a sandbox cannot mount anything into it); 12-15 us per inode."""
+    root = volumes().path(name)
     os.lchown(root, uid, gid)
     stack = [os.fspath(root)]
     while stack:
@@ -214,6 +212,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
                 os.lchown(entry.path, uid, gid)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
+    return root
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -45,6 +45,7 @@ from tempering.sandbox.base import ensure_open
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
+    chown_volume,
     host,
     idmapped_volume,
     make_volume,
@@ -146,6 +147,33 @@ class LocalSandbox(InitSandbox):
             self._volume = name
         return name
 
+    async def _forked_volume(self, source: str, uid: int) -> tuple[list[str], str, list[int]]:
+        """Snapshot ``source`` for this fork: (bubblewrap arguments, the init's disk argument,
+        fds for the init). The snapshot keeps its parent's owner on disk and the init attaches
+        it idmapped, so that it is this sandbox's uid's in here; the spawner makes the mapping
+        while a thread makes the snapshot (which may write data back first). Where the kernel
+        cannot idmap the volume (before 5.15), it is chowned instead, one inode at a time."""
+        assert self._disk_uid is not None
+        name, userns = await asyncio.gather(asyncio.to_thread(self._new_volume, source, uid),
+                                            spawner().userns(self._disk_uid, uid),
+                                            return_exceptions=True)
+        if isinstance(name, BaseException):
+            if not isinstance(userns, BaseException):
+                os.close(userns)
+            raise name
+        try:
+            if isinstance(userns, BaseException):
+                raise userns
+            try:
+                return [], "mount:5", [idmapped_volume(name, userns)]
+            finally:
+                os.close(userns)
+        except SandboxError as exc:
+            log.warning("a fork's volume cannot be idmapped, chowning it instead: %s", exc)
+        await asyncio.to_thread(chown_volume, name, uid, uid)
+        self._disk_uid = uid
+        return _bind_volume(name, self.spec.workdir), "0", []
+
     async def _start(self, snapshot_of: str | None = None) -> None:
         spec = self.spec
         self._uid = lease_uid()
@@ -156,27 +184,10 @@ class LocalSandbox(InitSandbox):
         disk = str(spec.disk_mb << 20)
         tree: list[int] = []  # a fork's idmapped volume, for the init to attach (its fd 5)
         if self.storage == "volume" and snapshot_of is None:  # one quick ioctl, or a rename
-            vol = volumes().path(self._new_volume(None, uid))
-            storage = ["--bind", str(vol / "workspace"), spec.workdir,
-                       "--bind", str(vol / "tmp"), "/tmp"]
+            storage = _bind_volume(self._new_volume(None, uid), spec.workdir)
             disk = "0"  # the init mounts no tmpfs
         elif self.storage == "volume" and snapshot_of is not None:
-            # A snapshot (which may write data back first) keeps its parent's owner on disk:
-            # the init attaches it idmapped, so that it is this sandbox's uid's in here.
-            # The spawner makes the mapping while a thread makes the snapshot.
-            made = await asyncio.gather(asyncio.to_thread(self._new_volume, snapshot_of, uid),
-                                        spawner().userns(self._disk_uid, uid),
-                                        return_exceptions=True)
-            name, userns = made
-            if isinstance(userns, BaseException):
-                raise userns
-            try:
-                if isinstance(name, BaseException):
-                    raise name
-                tree = [idmapped_volume(name, userns)]
-            finally:
-                os.close(userns)
-            disk = "mount:5"
+            storage, disk, tree = await self._forked_volume(snapshot_of, uid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -314,6 +325,11 @@ class LocalSandbox(InitSandbox):
             await child.close()
             raise
         return child
+
+
+def _bind_volume(name: str, workdir: str) -> list[str]:
+    vol = volumes().path(name)
+    return ["--bind", str(vol / "workspace"), workdir, "--bind", str(vol / "tmp"), "/tmp"]
 
 
 def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str]) -> list[str]:
