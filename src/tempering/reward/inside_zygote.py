@@ -96,9 +96,10 @@ def limit_user_counters():
             continue
         with open(f"/proc/sys/user/{own}", "w") as f:
             f.write(str(share))
-    for limit in (resource.RLIMIT_MSGQUEUE, resource.RLIMIT_SIGPENDING):
-        soft, hard = resource.getrlimit(limit)
-        share = max(soft // SHARES, 1) if soft != resource.RLIM_INFINITY else 1 << 16
+    # At least one message queue of the default size (10 messages of 8 KiB) each.
+    for limit, least in ((resource.RLIMIT_MSGQUEUE, 96 << 10), (resource.RLIMIT_SIGPENDING, 1)):
+        soft, _ = resource.getrlimit(limit)
+        share = max(soft // SHARES, least) if soft != resource.RLIM_INFINITY else 1 << 16
         resource.setrlimit(limit, (share, share))
 
 
