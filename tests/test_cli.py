@@ -250,6 +250,7 @@ def test_sandbox_run_on_the_docker_backend_and_bad_combinations() -> None:
     from tempering.errors import SandboxError
     from tempering.sandbox.docker import default_image
     from tempering.sandbox.engine import Engine
+    from tempering.sandbox.uids import uid_range
 
     proc = tempering("sandbox", "run", "--image", "x", "--", "true")
     assert proc.returncode == 2
@@ -263,8 +264,10 @@ def test_sandbox_run_on_the_docker_backend_and_bad_combinations() -> None:
         pytest.skip(f"docker backend unavailable: {exc}")
     if present is None:
         pytest.skip(f"no image {default_image()}: run `tempering image build`")
-    proc = tempering("sandbox", "run", "--backend", "docker", "--", "sh", "-c", "id -u")
-    assert (proc.returncode, proc.stdout) == (0, "1000\n"), proc.stderr
+    proc = tempering("sandbox", "run", "--backend", "docker", "--", "sh", "-c", "id -un; id -u")
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "user", proc.stderr
+    uids = uid_range()  # a host uid of its own: the engine maps none
+    assert uids.first <= int(proc.stdout.split()[1]) <= uids.last
     proc = tempering("sandbox", "run", "--backend", "docker", "--image", "tempering/none:1",
                      "--", "true")
     assert proc.returncode == 125 and "tempering image build" in proc.stderr

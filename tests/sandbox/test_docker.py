@@ -13,6 +13,7 @@ import pytest
 from tempering.errors import SandboxStartError
 from tempering.sandbox import SandboxSpec, open_sandbox
 from tempering.sandbox.engine import Engine
+from tempering.sandbox.uids import uid_range
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
 
@@ -42,7 +43,9 @@ async def test_the_container_is_hardened() -> None:
         assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
         assert "no-new-privileges:true" in host["SecurityOpt"]
         assert host["NetworkMode"] == "none" and host["Memory"] == 128 << 20
-        assert host["PidsLimit"] == 32 and info["Config"]["User"] == "1000:1000"
+        uids = uid_range()  # a host uid of its own, as the local backend's sandboxes
+        uid, gid = (int(i) for i in info["Config"]["User"].split(":"))
+        assert host["PidsLimit"] == 32 and uid == gid and uids.first <= uid <= uids.last
         r = await sb.exec("grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
                           "touch /usr/x 2>&1; echo sockets: $(ls -A /.tempering/control | wc -l); "
                           "touch /.tempering/control/fill 2>&1 || echo no host writes")

@@ -30,6 +30,7 @@ import marshal
 import math  # noqa: F401
 import os
 import re  # noqa: F401
+import resource
 import signal
 import socket
 import string  # noqa: F401
@@ -101,6 +102,34 @@ def seal(status, workdir):
         status.send(f"failed: {exc}".encode())
 
 
+# Every grading of one zygote runs as the zygote's host uid, and so shares that uid's per-user
+# kernel counters: each grading gets a sixteenth of each it can be given a share of.
+SHARES = 16
+# (this user namespace's own limit, the host's per-user limit it is charged against)
+USER_COUNTERS = (("max_inotify_instances", "fs/inotify/max_user_instances"),
+                 ("max_inotify_watches", "fs/inotify/max_user_watches"),
+                 ("max_fanotify_groups", "fs/fanotify/max_user_groups"),
+                 ("max_fanotify_marks", "fs/fanotify/max_user_marks"))
+
+
+def limit_user_counters():
+    """Bound this grading's share of its uid's counters: the ucount limits of its own user
+    namespace (writable while it holds CAP_SYS_RESOURCE there), and the per-user rlimits."""
+    for own, host_limit in USER_COUNTERS:
+        try:
+            with open(f"/proc/sys/{host_limit}") as f:
+                share = max(int(f.read()) // SHARES, 1)
+        except OSError:  # the kernel has no such counter
+            continue
+        with open(f"/proc/sys/user/{own}", "w") as f:
+            f.write(str(share))
+    # At least one message queue of the default size (10 messages of 8 KiB) each.
+    for limit, least in ((resource.RLIMIT_MSGQUEUE, 96 << 10), (resource.RLIMIT_SIGPENDING, 1)):
+        soft, _ = resource.getrlimit(limit)
+        share = max(soft // SHARES, least) if soft != resource.RLIM_INFINITY else 1 << 16
+        resource.setrlimit(limit, (share, share))
+
+
 def become_user(uid, gid, seccomp):
     """What the init does for itself: nested user namespace, no capability, seccomp."""
     check(LIBC.unshare(CLONE_NEWUSER), "unshare user namespace")
@@ -108,6 +137,7 @@ def become_user(uid, gid, seccomp):
                        ("gid_map", f"{gid} 0 1\n")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
+    limit_user_counters()
     for cap in range(64):
         LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     os.setresgid(gid, gid, gid)

@@ -33,6 +33,7 @@ from tempering.sandbox.host import host, spawner
 from tempering.sandbox.local import bwrap_argv, read_child_pid
 from tempering.sandbox.native import home
 from tempering.sandbox.spec import SandboxSpec
+from tempering.sandbox.uids import UidLease, lease_uid
 
 START_TIMEOUT_S = 30.0
 ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the zygote, read-only in the sandbox
@@ -158,9 +159,12 @@ class Zygote:
         self._group = cgroup.SandboxCgroup(host().hierarchy, host().tag,
                                            f"zyg-{secrets.token_hex(6)}")
         self._lock = asyncio.Lock()
+        # A host uid of its own (no other sandbox's or zygote's), shared by its gradings.
+        self._uid: UidLease | None = None
 
     async def start(self) -> None:
         bundle = await asyncio.to_thread(_bundle)
+        self._uid = lease_uid()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -169,7 +173,8 @@ class Zygote:
                            "3", f"{ZYGOTE_DIR}/seccomp.bpf"])
         try:
             started, self._exit = spawner().request(
-                args, [devnull, devnull, devnull, theirs.fileno(), info_w])
+                args, [devnull, devnull, devnull, theirs.fileno(), info_w], self._uid.uid,
+                self._uid.gid)
         finally:
             for fd in (devnull, info_w):
                 os.close(fd)
@@ -195,7 +200,7 @@ class Zygote:
 
     async def fork(self) -> Forked:
         """A grading process in fresh namespaces, in a cgroup of its own, waiting for files."""
-        if not self.alive or self._control is None:
+        if not self.alive or self._control is None or self._uid is None:
             raise SandboxStartError("the grading zygote is not running")
         h, spec = host(), self.spec
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -239,7 +244,7 @@ class Zygote:
         group.attach(pid)
         root = f"/proc/{pid}/root"
         storage = Storage({spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"},
-                          spec.workdir, h.uid, h.gid)
+                          spec.workdir, self._uid.uid, self._uid.gid)
         return Forked(ours, status, pid, group, storage)
 
     async def close(self) -> None:
@@ -254,3 +259,6 @@ class Zygote:
                 await asyncio.wait_for(asyncio.shield(self._exit), 5.0)
         with contextlib.suppress(OSError):
             self._group.remove(timeout=2.0)
+        if self._uid is not None and (self._exit is None or self._exit.done()):
+            self._uid.release()  # else this process's exit (or reclaim) frees it
+            self._uid = None

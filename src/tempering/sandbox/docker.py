@@ -12,8 +12,13 @@ image; everything else is the same machinery as the local backend, so the two ca
   and remove the container only.
 - Hardened by default: no network (with ``network=True``, a bridge fenced off from the host
   and private ranges: ``bridge.py``), all capabilities dropped, ``no-new-privileges``, read-only
-  root, a size-limited tmpfs for the workdir and for /tmp, memory/pids/cpu limits, uid 1000,
-  the engine's default seccomp profile with init's own filter on top.
+  root, a size-limited tmpfs for the workdir and for /tmp, memory/pids/cpu limits, the
+  engine's default seccomp profile with init's own filter on top (which refuses legacy AIO and
+  AF_VSOCK: this engine's default profile allows both).
+- Each container runs as a host uid of its own (``uids.py``, the same leases as the local
+  backend's): without a user namespace a container's uid is the host's, and containers that
+  share one share its per-user kernel counters. Its ``/etc/passwd`` and ``/etc/group`` are
+  replaced by synthetic ones naming that uid ``user``; the workdir and /tmp are its own.
 - Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir
   and /tmp (one ``disk_mb`` budget; ``fork`` is a snapshot), or, without volumes, two tmpfs
   of half of ``disk_mb`` each (``fork`` copies). The file API works from the host with the
@@ -44,10 +49,17 @@ from tempering.sandbox.bridge import egress_network
 from tempering.sandbox.engine import Engine, EngineError
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
-from tempering.sandbox.host import make_volume, reclaim_volumes, storage_for, volumes
-from tempering.sandbox.image import REPOSITORY, USER_UID, build_recipe
-from tempering.sandbox.native import home, native_binary
+from tempering.sandbox.host import (
+    make_volume,
+    reclaim_volumes,
+    snapshot_volume,
+    storage_for,
+    volumes,
+)
+from tempering.sandbox.image import REPOSITORY, build_recipe
+from tempering.sandbox.native import home, native_binary, synthetic_etc
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+from tempering.sandbox.uids import UidLease, lease_uid, reclaim_uids
 
 START_TIMEOUT_S = 60.0
 OWNER_LABEL, SANDBOX_LABEL = "tempering.owner", "tempering.sandbox"
@@ -98,6 +110,7 @@ class DockerSandbox(InitSandbox):
         self._closed = False
         self._dead: str | None = None
         self._network = "none"  # with network: the fenced bridge (bridge.py)
+        self._uid: UidLease | None = None  # the host uid it runs as, held until it is gone
 
     @classmethod
     async def _prepare_host(cls) -> None:
@@ -123,6 +136,7 @@ class DockerSandbox(InitSandbox):
                 removed += 1
         with contextlib.suppress(SandboxError, OSError):  # unbound now that they are gone
             await asyncio.to_thread(reclaim_volumes)
+        await asyncio.to_thread(reclaim_uids)
         base = home() / "docker"
         if base.is_dir():
             for entry in base.iterdir():
@@ -130,25 +144,28 @@ class DockerSandbox(InitSandbox):
                     shutil.rmtree(entry, ignore_errors=True)
         return removed
 
-    def _config(self, init: Path) -> dict[str, Any]:
+    def _config(self, init: Path, uid: int) -> dict[str, Any]:
         spec = self.spec
         size = (spec.disk_mb << 20) // 2  # two tmpfs: together at most disk_mb
         inodes = max(size >> 10, 64)  # one inode per KiB, as the local backend: empty files too
-        user = f"uid={USER_UID},gid={USER_UID},nr_inodes={inodes}"
+        user = f"uid={uid},gid={uid},nr_inodes={inodes}"
         storage: dict[str, Any] = {
             "Tmpfs": {spec.workdir: f"rw,exec,nosuid,nodev,size={size},mode=0755,{user}",
                       "/tmp": f"rw,exec,nosuid,nodev,size={size},mode=1777,{user}"}}
-        binds = [f"{init}:/.tempering/init:ro", f"{self._control_dir}:/.tempering/control"]
+        etc = self._control_dir / "etc"
+        binds = [f"{init}:/.tempering/init:ro", f"{self._control_dir}/socket.d:"
+                 "/.tempering/control", f"{etc}/passwd:/etc/passwd:ro",
+                 f"{etc}/group:/etc/group:ro"]
         if self._volume is not None:  # one volume, one budget, bound at the workdir and /tmp
             path = volumes().path(self._volume)
             storage = {}
             binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp"]
         return {
-            "Image": self.image, "User": f"{USER_UID}:{USER_UID}", "WorkingDir": spec.workdir,
+            "Image": self.image, "User": f"{uid}:{uid}", "WorkingDir": spec.workdir,
             "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
                                                         SANDBOX_LABEL: self.id},
             "Cmd": ["/.tempering/init", "unix:/.tempering/control/socket", "0", spec.workdir,
-                    str(USER_UID), str(USER_UID)],
+                    str(uid), str(uid)],
             "NetworkDisabled": not spec.network,
             "HostConfig": {
                 "NetworkMode": self._network,
@@ -166,23 +183,33 @@ class DockerSandbox(InitSandbox):
         if self.spec.recipe is not None:
             async with _building.setdefault(self.spec.recipe, asyncio.Lock()):
                 self.image = await build_recipe(self.spec.recipe, engine=self._engine)
+        self._uid = lease_uid()
+        uid = self._uid.uid
         if self.storage == "volume":
             name, size = f"{self._tag}.{self.id}", self.spec.disk_mb << 20
             if snapshot_of is not None:
-                await asyncio.to_thread(volumes().snapshot, snapshot_of, name, size)
+                self._volume = name  # destroyed on close even if its chown fails
+                await asyncio.to_thread(snapshot_volume, snapshot_of, name, size, uid, uid)
             else:
-                await asyncio.to_thread(make_volume, name, size, USER_UID, USER_UID)
+                await asyncio.to_thread(make_volume, name, size, uid, uid)
             self._volume = name
-        self._control_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("socket.d", "etc"):
+            (self._control_dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self._control_dir, 0o755)
+        os.chmod(self._control_dir / "socket.d", 0o755)
+        os.chmod(self._control_dir / "etc", 0o755)
+        for name, text in synthetic_etc(uid, uid).items():
+            if name in ("passwd", "group"):
+                (self._control_dir / "etc" / name).write_text(text)
+                os.chmod(self._control_dir / "etc" / name, 0o644)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        path = self._control_dir / "socket"
+        path = self._control_dir / "socket.d" / "socket"
         try:
             listener.bind(str(path))
             os.chmod(path, 0o666)  # the container's user connects to it
             listener.listen(1)
             listener.setblocking(False)
-            await self._create_container(init)
+            await self._create_container(init, uid)
             loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(START_TIMEOUT_S):
@@ -213,13 +240,13 @@ class DockerSandbox(InitSandbox):
         if self._volume is not None:
             volume = volumes().path(self._volume)
             roots = {self.spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp")}
-        self._storage = Storage(roots, self.spec.workdir, USER_UID, USER_UID)
+        self._storage = Storage(roots, self.spec.workdir, uid, uid)
 
-    async def _create_container(self, init: Path) -> None:
+    async def _create_container(self, init: Path, uid: int) -> None:
         try:
             created = await self._engine.request(
                 "POST", "/containers/create", params={"name": f"tempering-{self.id}"},
-                body=self._config(init), what=f"creating sandbox {self.id}")
+                body=self._config(init, uid), what=f"creating sandbox {self.id}")
         except EngineError as exc:
             if exc.status == 404:
                 raise SandboxStartError(
@@ -248,9 +275,14 @@ class DockerSandbox(InitSandbox):
         _live.discard(self)
         if self._channel is not None:
             self._channel.close("sandbox closed")
+        removed = self._container is None
         if self._container is not None:
             with contextlib.suppress(SandboxError):
                 await self._engine.remove(self._container)
+                removed = True
+        if self._uid is not None and removed:  # nothing runs as it now
+            self._uid.release()
+            self._uid = None  # else reclaim frees it once this process is gone
         shutil.rmtree(self._control_dir, ignore_errors=True)
         if self._volume is not None:  # the container is gone: nothing writes to it now
             with contextlib.suppress(OSError, SandboxError, RuntimeError):

@@ -23,7 +23,8 @@ async def doctor_checks() -> list[tuple[str, bool | None, str]]:
         rows.append((names[0], False, str(exc)))
         return skip_rest()
     rows.append((names[0], True, f"bubblewrap {h.bwrap}, root, user namespaces, "
-                                  f"cgroup v{h.hierarchy.version}"))
+                                  f"cgroup v{h.hierarchy.version}, sandbox uids "
+                                  f"{h.uids.first}-{h.uids.last}"))
     spec = SandboxSpec(memory_mb=128, timeout_s=30)
     start = time.perf_counter()
     try:

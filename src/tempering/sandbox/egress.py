@@ -229,8 +229,8 @@ class Stack:
             os.kill(self.pid, signal.SIGKILL)
 
 
-async def start_stack(spawner: Spawner, init_pid: int, wiring: Egress) -> Stack:
-    """Start slirp4netns, as the spawner's (sandbox) uid, on the network namespace of
+async def start_stack(spawner: Spawner, init_pid: int, wiring: Egress, uid: int) -> Stack:
+    """Start slirp4netns, as the sandbox's host ``uid``, on the network namespace of
     ``init_pid``; returns once the sandbox's interface, address and default route are up."""
     binary = slirp4netns()
     # Its fds: 0, 1 /dev/null, 2 a log, 3 the exit pipe, 4 the ready pipe, 5 the user namespace
@@ -258,7 +258,7 @@ async def start_stack(spawner: Spawner, init_pid: int, wiring: Egress) -> Stack:
                 "--enable-sandbox", "--enable-seccomp", f"--cidr={wiring.network}",
                 "--exit-fd=3", "--ready-fd=4", "--netns-type=path", "/proc/self/fd/6", "tap0"]
         started, exited = spawner.request(argv, [devnull, devnull, log, exit_r, ready_w, owner,
-                                                 netns])
+                                                 netns], uid, uid)
         for fd in theirs:
             os.close(fd)
         theirs = []

@@ -55,7 +55,7 @@ from tempering.sandbox.copyout import (
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.native import native_binary
 from tempering.sandbox.replicate import replicate
-from tempering.sandbox.resolve import as_user, openat2
+from tempering.sandbox.resolve import as_user, openat2, reading_all
 from tempering.sandbox.spec import SandboxSpec
 
 __all__ = ["Storage", "HostFileSandbox", "InitSandbox", "as_user", "openat2"]
@@ -276,9 +276,16 @@ class Storage:
         finally:
             os.close(fd)
 
-    @_confined
     def copy_into(self, other: Storage) -> None:
-        """Copy every root of this storage into the same root of ``other`` (a fork)."""
+        """Copy every root of this storage into the same root of ``other`` (a fork).
+
+        A fork runs as a host uid of its own, so the copy is made as ``other``'s user (its
+        filesystem accepts no other owner), and reads this storage's files with
+        CAP_DAC_READ_SEARCH: the parent's user owns them all and could read each anyway."""
+        with as_user(other.uid, other.gid), reading_all():
+            self._copy_roots(other)
+
+    def _copy_roots(self, other: Storage) -> None:
         for root, path in self.roots.items():
             src = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             dst = os.open(other.roots[root], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -1,10 +1,11 @@
 """The host side of the local backend's two fork servers (``spawner.c`` and ``init.c``).
 
-``Spawner`` owns the one process per harness that starts bubblewrap as the sandbox uid, and
-reports when each exits. ``InitChannel`` owns the SOCK_SEQPACKET socket to one sandbox's PID 1:
-it starts commands (``EXEC``, with host pipes passed as SCM_RIGHTS), routes exit statuses back to
-them, and asks for tree kills and marks. ``LocalProcess`` reads a command's pipes on the event
-loop: no thread per sandbox or per command, so thousands of sandboxes share one loop.
+``Spawner`` owns the one process per harness that starts bubblewrap, each sandbox as the host
+uid it leased (``uids.py``), and reports when each exits. ``InitChannel`` owns the
+SOCK_SEQPACKET socket to one sandbox's PID 1: it starts commands (``EXEC``, with host pipes
+passed as SCM_RIGHTS), routes exit statuses back to them, and asks for tree kills and marks.
+``LocalProcess`` reads a command's pipes on the event loop: no thread per sandbox or per
+command, so thousands of sandboxes share one loop.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tempering.errors import SandboxClosedError, SandboxStartError
 from tempering.sandbox.base import PIPE, Process, Sink
+from tempering.sandbox.uids import UidRange
 
 MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
-SPAWN, SPAWNED, SPAWN_FAILED, SPAWN_EXITED = 1, 101, 102, 103
+_SPAWN_HEADER = struct.Struct("=IIIIII")  # type, id, argc, nfds, uid, gid
+SPAWN, USERNS, SPAWNED, SPAWN_FAILED, SPAWN_EXITED, USERNS_READY = 1, 2, 101, 102, 103, 104
 
 
 def _send(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
@@ -68,13 +71,14 @@ class Spawner:
     the sandboxes with it. Its socket is read on whichever event loop is running.
     """
 
-    def __init__(self, binary: str, uid: int, gid: int) -> None:
+    def __init__(self, binary: str, uids: UidRange) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Started as root: it keeps CAP_SETUID and CAP_SETGID only, as uids.spawner.
             self._proc = subprocess.Popen(
-                [binary, str(theirs.fileno()), str(os.getpid())], pass_fds=(theirs.fileno(),),
-                user=uid, group=gid, extra_groups=[], env={}, cwd="/",
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                [binary, str(theirs.fileno()), str(os.getpid()), str(uids.spawner),
+                 str(uids.first), str(uids.last)], pass_fds=(theirs.fileno(),), env={},
+                cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         finally:
             theirs.close()
         self._sock: socket.socket | None = ours
@@ -84,6 +88,7 @@ class Spawner:
         # spawn id -> (its pid, its wait status); by pid once it started
         self._pending: dict[int, tuple[asyncio.Future[int], asyncio.Future[int]]] = {}
         self._exits: dict[int, asyncio.Future[int]] = {}
+        self._userns: dict[int, asyncio.Future[int]] = {}  # request id -> the namespace's fd
 
     @property
     def alive(self) -> bool:
@@ -98,17 +103,18 @@ class Spawner:
             self._loop = loop
         return loop
 
-    async def spawn(self, argv: Sequence[str],
-                    fds: Sequence[int]) -> tuple[int, asyncio.Future[int]]:
-        """Start ``argv`` with ``fds`` as its fds 0, 1, 2, ...; returns its pid and a future of
-        its wait status."""
-        started, exited = self.request(argv, fds)
+    async def spawn(self, argv: Sequence[str], fds: Sequence[int], uid: int,
+                    gid: int) -> tuple[int, asyncio.Future[int]]:
+        """Start ``argv`` as ``uid``/``gid`` with ``fds`` as its fds 0, 1, 2, ...; returns its
+        pid and a future of its wait status."""
+        started, exited = self.request(argv, fds, uid, gid)
         return await started, exited
 
-    def request(self, argv: Sequence[str],
-                fds: Sequence[int]) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
-        """Send the start of ``argv`` now and return at once: futures of its pid and of its
-        wait status. The caller may work while the spawner forks (the fds may be closed)."""
+    def request(self, argv: Sequence[str], fds: Sequence[int], uid: int,
+                gid: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Send the start of ``argv`` (as ``uid``/``gid``, one of the sandbox range) now and
+        return at once: futures of its pid and of its wait status. The caller may work while
+        the spawner forks (the fds may be closed)."""
         loop = self._bind()
         if self._sock is None:
             raise SandboxStartError("the sandbox spawner is gone")
@@ -118,18 +124,50 @@ class Spawner:
         exited: asyncio.Future[int] = loop.create_future()
         self._pending[ident] = (started, exited)
         payload = b"".join(a.encode() + b"\0" for a in argv)
-        _send(self._sock, _HEADER.pack(SPAWN, ident, len(argv), len(fds)) + payload, fds)
+        _send(self._sock, _SPAWN_HEADER.pack(SPAWN, ident, len(argv), len(fds), uid, gid)
+              + payload, fds)
         return started, exited
+
+    async def userns(self, inside: int, outside: int) -> int:
+        """A descriptor of a new user namespace that maps uid and gid ``inside`` to
+        ``outside`` (both of the sandbox range): the mapping of an idmapped mount. The caller
+        closes it."""
+        loop = self._bind()
+        if self._sock is None:
+            raise SandboxStartError("the sandbox spawner is gone")
+        ident = next(self._ids)
+        made: asyncio.Future[int] = loop.create_future()
+        self._userns[ident] = made
+        _send(self._sock, _SPAWN_HEADER.pack(USERNS, ident, inside, outside, 0, 0), ())
+        return await made
 
     def _on_readable(self) -> None:
         if self._sock is None:
             return
-        for msg in _received(self._sock, 64):
+        while self._sock is not None:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg, fds = b"", []
             if not msg:
                 self._die()
                 return
             kind, ident, a, b = _HEADER.unpack_from(msg)
-            if kind == SPAWNED and ident in self._pending:
+            if kind == USERNS_READY and ident in self._userns and fds:
+                made = self._userns.pop(ident)
+                if made.done() or made.get_loop().is_closed():
+                    os.close(fds[0])
+                else:
+                    made.set_result(fds[0])
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == SPAWN_FAILED and ident in self._userns:
+                _settle(self._userns.pop(ident), error=SandboxStartError(
+                    f"cannot make a user namespace for an idmapped volume: {os.strerror(a)}"))
+            elif kind == SPAWNED and ident in self._pending:
                 started, self._exits[a] = self._pending.pop(ident)
                 _settle(started, result=a)
             elif kind == SPAWN_FAILED and ident in self._pending:
@@ -146,10 +184,11 @@ class Spawner:
             self._sock.close()
             self._sock = None
         for fut in [*(f for pair in self._pending.values() for f in pair),
-                    *self._exits.values()]:
+                    *self._exits.values(), *self._userns.values()]:
             _settle(fut, error=SandboxClosedError("the sandbox spawner died"))
         self._pending.clear()
         self._exits.clear()
+        self._userns.clear()
 
 
 def _settle(fut: asyncio.Future[int], *, result: int = 0,

@@ -7,8 +7,10 @@
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
  *      size-limited tmpfs and binds three directories of it at the workdir, /tmp and /dev/shm,
  *      so all three count against one disk budget (unless the host bound a copy-on-write volume
- *      there instead); nothing else is writable. Then it becomes an ordinary user in a nested
- *      user namespace, with no capability left, and installs a seccomp filter.
+ *      there instead, or passed a fork's volume as an idmapped mount for it to attach: its files
+ *      belong to the parent's uid on disk and to this sandbox's here); nothing else is
+ *      writable. Then it becomes an ordinary user in a nested user namespace, with no
+ *      capability left, and installs a seccomp filter.
  *   2. It is a fork server: the host sends EXEC requests over a SOCK_SEQPACKET socket (argv[1]),
  *      with the command's stdin/stdout/stderr as SCM_RIGHTS file descriptors. A command in a
  *      live sandbox costs one fork here, never a new sandbox.
@@ -196,6 +198,24 @@ static void setup_network(const char *rules) {
     close(nl);
 }
 
+/* A fork's volume arrives as a detached idmapped mount (fd): its files are its parent's uid's on
+ * disk and this sandbox's uid's here. Attach it where the tmpfs would go, and bind the same three
+ * directories of it. */
+static void setup_volume(int tree, const char *workdir) {
+    const char *disk = "/.tempering/disk";
+    char path[256];
+    if (syscall(SYS_move_mount, tree, "", AT_FDCWD, disk, 0x00000004 /* F_EMPTY_PATH */) < 0)
+        die_setup("attach the volume");
+    close(tree);
+    snprintf(path, sizeof path, "%s/workspace", disk);
+    if (mount(path, workdir, NULL, MS_BIND, NULL) < 0) die_setup("bind workdir");
+    snprintf(path, sizeof path, "%s/tmp", disk);
+    if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
+    snprintf(path, sizeof path, "%s/shm", disk);
+    if (mount(path, "/dev/shm", NULL, MS_BIND, NULL) < 0) die_setup("bind /dev/shm");
+    if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
+}
+
 static void write_file(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, text, strlen(text)) < 0) die_setup(path);
@@ -254,12 +274,31 @@ static const int denied[] = {
 #endif
 };
 
+/* Legacy AIO: each io_setup reserves part of fs.aio-max-nr, one counter for the whole machine
+ * (a sandbox could take it all and make the host's own io_setup fail). ENOSYS, so libraries
+ * fall back to threads as they do on kernels without AIO. */
+static const int no_aio[] = {
+    SYS_io_setup, SYS_io_destroy, SYS_io_submit, SYS_io_cancel, SYS_io_getevents,
+#ifdef SYS_io_pgetevents
+    SYS_io_pgetevents,
+#endif
+};
+
+/* The only socket families a sandbox may create: each is confined by the sandbox's network
+ * namespace (or is a socket between its own processes). Everything else is refused, known or
+ * not: AF_VSOCK reaches the hypervisor and other guests' sandboxes with no namespace around it,
+ * AF_ALG is the whole kernel crypto API, AF_BLUETOOTH and the old protocol families (X.25,
+ * AppleTalk, RDS, TIPC...) are rarely namespaced and a long list of kernel bugs. */
+static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+
 #define STMT(code, k) ((struct sock_filter)BPF_STMT(code, k))
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
 
-enum { N_DENIED = sizeof denied / sizeof denied[0] };
-/* 2 instructions per denied call, 8 around them, 6 for ioctl, 7 for clone3 and clone. */
-enum { FILTER_MAX = 2 * N_DENIED + 24 };
+enum { N_DENIED = sizeof denied / sizeof denied[0], N_AIO = sizeof no_aio / sizeof no_aio[0] };
+enum { N_FAMILIES = sizeof socket_families / sizeof socket_families[0] };
+/* 2 instructions per denied or AIO call, 8 around them, 6 for ioctl, 7 for clone3 and clone,
+ * 5 + one per family for socket and socketpair. */
+enum { FILTER_MAX = 2 * (N_DENIED + N_AIO) + N_FAMILIES + 29 };
 
 /* The seccomp program every command runs under; returns its length. */
 static int build_filter(struct sock_filter *prog) {
@@ -280,6 +319,18 @@ static int build_filter(struct sock_filter *prog) {
         prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied[i], 0, 1);
         prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
     }
+    for (int i = 0; i < (int)N_AIO; i++) {
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)no_aio[i], 0, 1);
+        prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    }
+    /* socket and socketpair: the family (args[0]) must be one of socket_families. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socketpair, 0, N_FAMILIES + 3);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+    for (int i = 0; i < (int)N_FAMILIES; i++)
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, socket_families[i], N_FAMILIES - i, 0);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAFNOSUPPORT);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     /* btrfs ioctls (type 0x94): a nested subvolume or snapshot would escape the volume's quota. */
     prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 5);
     prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]));
@@ -582,13 +633,18 @@ int main(int argc, char **argv) {
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
     if (argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES WORKDIR UID GID [NET_RULES] "
+        fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES|mount:FD WORKDIR UID GID "
+                        "[NET_RULES] "
                         "(run by the sandbox)\n");
         return 2;
     }
     CTL_FD = control_channel(argv[1]);
-    unsigned long long disk = strtoull(argv[2], NULL, 10);
-    if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+    if (strncmp(argv[2], "mount:", 6) == 0) { /* an idmapped volume, passed as this fd */
+        setup_volume(atoi(argv[2] + 6), argv[3]);
+    } else {
+        unsigned long long disk = strtoull(argv[2], NULL, 10);
+        if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+    }
     if (argc == 7) setup_network(argv[6]);    /* before the capabilities go */
     /* In a container the engine already made us the unprivileged user, with no capability. */
     if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));

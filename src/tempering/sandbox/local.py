@@ -2,7 +2,8 @@
 
 Starting a sandbox is one bubblewrap process, forked by this process's spawner (``host.py``,
 ``spawner.c``): new user, pid, mount, net, ipc, uts and cgroup namespaces, a read-only system
-(``rootfs.py``), run as an unprivileged host uid. Its first
+(``rootfs.py``), run as an unprivileged host uid that no other live sandbox has
+(``uids.py``: sandboxes share no per-user kernel counter). Its first
 process is ``init.c``, a fork server that mounts the size-limited storage, drops every capability
 and installs seccomp. The host moves it into the sandbox's cgroups (``cgroup.py``) before the
 first command, then talks to it over one SOCK_SEQPACKET socket: a command costs a fork inside
@@ -47,7 +48,9 @@ from tempering.sandbox.egress import Egress, Stack, egress, start_stack
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
+    chown_volume,
     host,
+    idmapped_volume,
     make_volume,
     reclaim,
     spare_volumes,
@@ -57,6 +60,7 @@ from tempering.sandbox.host import (
 )
 from tempering.sandbox.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+from tempering.sandbox.uids import UidLease, lease_uid
 
 __all__ = ["LocalSandbox", "host", "spawner", "volumes"]
 
@@ -107,6 +111,10 @@ class LocalSandbox(InitSandbox):
         self._storage: Storage | None = None
         self._volume: str | None = None  # set once this sandbox owns a volume
         self._stack: Stack | None = None  # the network stack of a sandbox with network
+        self._uid: UidLease | None = None  # the host uid it runs as, held until it is gone
+        # Who owns its volume's files on disk: its own uid, or for a fork the uid that owned
+        # its parent's (an idmapped mount shows them to it as its own).
+        self._disk_uid: int | None = None
         self.storage = storage_for(spec.storage)
         """The storage it runs on: ``memory`` or ``volume`` (``auto`` resolved)."""
 
@@ -128,38 +136,68 @@ class LocalSandbox(InitSandbox):
         await asyncio.to_thread(storage_for, "auto")  # may mount the volume pool
         atexit.register(_close_all_at_exit)
 
-    def _new_volume(self, snapshot_of: str | None) -> str:
+    def _new_volume(self, snapshot_of: str | None, uid: int) -> str:
         """Create (or snapshot) this sandbox's volume, with a workdir and /tmp of its user."""
         pool, name, size = volumes(), self.volume_name, self.spec.disk_mb << 20
         if snapshot_of is None:
-            spare = spare_volumes().take(size, _reaper())
+            spare = spare_volumes().take(size, _reaper(), uid, uid)
             if spare is not None:
                 os.rename(pool.path(spare), pool.path(name))
             else:
-                make_volume(name, size)
+                make_volume(name, size, uid, uid)
             self._volume = name
         else:
             pool.snapshot(snapshot_of, name, size)
             self._volume = name
         return name
 
+    async def _forked_volume(self, source: str, uid: int) -> tuple[list[str], str, list[int]]:
+        """Snapshot ``source`` for this fork: (bubblewrap arguments, the init's disk argument,
+        fds for the init). The snapshot keeps its parent's owner on disk and the init attaches
+        it idmapped, so that it is this sandbox's uid's in here; the spawner makes the mapping
+        while a thread makes the snapshot (which may write data back first). Where the kernel
+        cannot idmap the volume (before 5.15), it is chowned instead, one inode at a time."""
+        assert self._disk_uid is not None
+        name, userns = await asyncio.gather(asyncio.to_thread(self._new_volume, source, uid),
+                                            spawner().userns(self._disk_uid, uid),
+                                            return_exceptions=True)
+        if isinstance(name, BaseException):
+            if not isinstance(userns, BaseException):
+                os.close(userns)
+            raise name
+        try:
+            if isinstance(userns, BaseException):
+                raise userns
+            try:
+                return [], "mount:5", [idmapped_volume(name, userns)]
+            finally:
+                os.close(userns)
+        except SandboxError as exc:
+            log.warning("a fork's volume cannot be idmapped, chowning it instead: %s", exc)
+        await asyncio.to_thread(chown_volume, name, uid, uid)
+        self._disk_uid = uid
+        return _bind_volume(name, self.spec.workdir), "0", []
+
     async def _start(self, snapshot_of: str | None = None) -> None:
-        h, spec = self._host, self.spec
+        spec = self.spec
+        self._uid = lease_uid()
+        uid = self._uid.uid
+        if self._disk_uid is None:
+            self._disk_uid = uid
         storage: list[str] = []
         disk = str(spec.disk_mb << 20)
-        if self.storage == "volume":
-            # Creating a volume is one quick ioctl; a snapshot may write data back first.
-            name = (self._new_volume(None) if snapshot_of is None
-                    else await asyncio.to_thread(self._new_volume, snapshot_of))
-            vol = volumes().path(name)
-            storage = ["--bind", str(vol / "workspace"), spec.workdir,
-                       "--bind", str(vol / "tmp"), "/tmp", "--bind", str(vol / "shm"), "/dev/shm"]
+        tree: list[int] = []  # a fork's idmapped volume, for the init to attach (its fd 5)
+        if self.storage == "volume" and snapshot_of is None:  # one quick ioctl, or a rename
+            storage = _bind_volume(self._new_volume(None, uid), spec.workdir)
             disk = "0"  # the init mounts no tmpfs
+        elif self.storage == "volume" and snapshot_of is not None:
+            storage, disk, tree = await self._forked_volume(snapshot_of, uid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe
+        # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe,
+        # 5 a fork's volume
         init = ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000"]
         wiring = egress() if spec.network else None
         if wiring is not None:
@@ -168,13 +206,13 @@ class LocalSandbox(InitSandbox):
         self._bwrap_stderr = err_r
         try:
             started, self._bwrap_exit = spawner().request(
-                args, [devnull, devnull, err_w, theirs.fileno(), info_w])
+                args, [devnull, devnull, err_w, theirs.fileno(), info_w, *tree], uid, uid)
         except BaseException:
             ours.close()
             os.close(info_r)
             raise
         finally:
-            for fd in (devnull, err_w, info_w):
+            for fd in (devnull, err_w, info_w, *tree):
                 os.close(fd)
             theirs.close()
         self._channel = InitChannel(ours, f"sandbox {self.id}", self._on_death)
@@ -199,7 +237,7 @@ class LocalSandbox(InitSandbox):
                 if wiring is not None:
                     # Once PID 1 runs, bubblewrap has mapped the sandbox uid to root in the
                     # namespace's owner, which the stack joins to attach itself.
-                    self._stack = await start_stack(spawner(), self._init_pid, wiring)
+                    self._stack = await start_stack(spawner(), self._init_pid, wiring, uid)
                     self._cgroup.attach(self._stack.pid)
         except (OSError, TimeoutError, SandboxError) as exc:
             why = self._why(exc)
@@ -213,7 +251,8 @@ class LocalSandbox(InitSandbox):
         else:
             root = f"/proc/{self._init_pid}/root"
             roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"}
-        self._storage = Storage(roots, spec.workdir, h.uid, h.gid)
+        owner = self._disk_uid if self._volume is not None else uid  # as the files are stored
+        self._storage = Storage(roots, spec.workdir, owner, owner)
 
     def _why(self, exc: BaseException) -> str:
         detail = b""
@@ -235,6 +274,9 @@ class LocalSandbox(InitSandbox):
         if self._stack is not None:  # after the sandbox: it has nothing left to carry
             await self._stack.close()
             self._stack = None
+        if self._uid is not None:  # nothing runs as it now (the pid namespace is gone)
+            self._uid.release()
+            self._uid = None
         if self._bwrap_stderr >= 0:
             os.close(self._bwrap_stderr)
             self._bwrap_stderr = -1
@@ -288,6 +330,7 @@ class LocalSandbox(InitSandbox):
         child = LocalSandbox(self.spec)
         try:
             if self._volume is not None:
+                child._disk_uid = self._disk_uid  # its snapshot's files stay as they are
                 await child._start(snapshot_of=self._volume)
             else:
                 await child._start()
@@ -299,6 +342,12 @@ class LocalSandbox(InitSandbox):
             await child.close()
             raise
         return child
+
+
+def _bind_volume(name: str, workdir: str) -> list[str]:
+    vol = volumes().path(name)
+    return ["--bind", str(vol / "workspace"), workdir, "--bind", str(vol / "tmp"), "/tmp",
+            "--bind", str(vol / "shm"), "/dev/shm"]
 
 
 def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],

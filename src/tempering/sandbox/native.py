@@ -72,7 +72,7 @@ def native_binary(name: str) -> Path:
     return dest
 
 
-def _synthetic_etc(uid: int, gid: int) -> dict[str, str]:
+def synthetic_etc(uid: int, gid: int) -> dict[str, str]:
     """Files every sandbox gets instead of the host's."""
     return {
         "passwd": f"root:x:0:0:root:/root:/bin/sh\nuser:x:{uid}:{gid}:sandbox user:/tmp:/bin/sh\n"
@@ -88,7 +88,7 @@ def _synthetic_etc(uid: int, gid: int) -> dict[str, str]:
 def etc_files(uid: int, gid: int) -> dict[str, Path]:
     """The synthetic /etc files as host paths (for a root filesystem of the user's own)."""
     out = {}
-    for name, text in _synthetic_etc(uid, gid).items():
+    for name, text in synthetic_etc(uid, gid).items():
         path = home() / "etc" / f"{uid}-{gid}" / name
         if not path.exists() or path.read_text() != text:
             _publish(path, text.encode(), 0o644)
@@ -105,7 +105,7 @@ def etc_view(entries: tuple[str, ...], uid: int, gid: int) -> Path:
     sandbox's start time. The directory is named by a digest of what it copies, so a change on
     the host (a new ld.so.cache after an install) makes the next process build a new one.
     """
-    digest = hashlib.sha256(repr((uid, gid, sorted(_synthetic_etc(uid, gid).items()))).encode())
+    digest = hashlib.sha256(repr((uid, gid, sorted(synthetic_etc(uid, gid).items()))).encode())
     present = [e for e in entries if os.path.lexists(f"/etc/{e}")]
     for entry in present:
         for top, dirs, files in os.walk(f"/etc/{entry}") if os.path.isdir(f"/etc/{entry}") else [
@@ -125,7 +125,7 @@ def etc_view(entries: tuple[str, ...], uid: int, gid: int) -> Path:
             shutil.copytree(src, tmp / entry, symlinks=True, ignore_dangling_symlinks=True)
         elif src.is_file():  # follows a link such as /etc/os-release -> ../usr/lib/os-release
             shutil.copy2(src, tmp / entry)
-    for name, text in _synthetic_etc(uid, gid).items():
+    for name, text in synthetic_etc(uid, gid).items():
         (tmp / name).write_text(text)
     for path in [tmp, *tmp.rglob("*")]:
         if not path.is_symlink():

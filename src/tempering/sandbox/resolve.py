@@ -48,3 +48,29 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
     finally:
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+_CAP_DAC_READ_SEARCH = 2
+
+
+@contextlib.contextmanager
+def reading_all() -> Iterator[None]:
+    """Inside ``as_user``: this thread may read and search any file again (the setfsuid to a
+    non-root uid dropped CAP_DAC_READ_SEARCH; the setfsuid back to root restores it)."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0].effective |= 1 << _CAP_DAC_READ_SEARCH
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset CAP_DAC_READ_SEARCH")
+    yield

@@ -1,0 +1,94 @@
+"""The grading zygote and per-user kernel counters: a zygote runs as a host uid of its own, and
+each of its gradings (which share that uid) gets a bounded share of the counters it could
+otherwise take from the others. Real zygote, real forks, real kernel."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+
+from tempering.reward.grader import grading_spec
+from tempering.reward.runner import RunPlan
+from tempering.reward.zygote import ZYGOTE_DIR, Zygote
+from tempering.sandbox import SandboxSpec, open_sandbox
+from tempering.sandbox.uids import uid_range
+from tempering.tasks.humaneval import load_humaneval
+
+# Takes every inotify instance it can, holds them for {hold} s, and reports.
+HOG = '''import ctypes, os, time
+
+
+def test_hog():
+    libc = ctypes.CDLL(None, use_errno=True)
+    held = []
+    while len(held) < 10000:
+        fd = libc.inotify_init1(0)
+        if fd < 0:
+            break
+        held.append(fd)
+    limit = open("/proc/sys/user/max_inotify_instances").read().strip()
+    time.sleep({hold})
+    assert False, repr({{"held": len(held), "limit": limit}})
+'''
+
+ONE = '''import ctypes
+
+
+def test_one():
+    fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
+    assert False, repr({"fd": fd, "errno": ctypes.get_errno()})
+'''
+
+
+async def _grade(zygote: Zygote, name: str, text: str, timeout: float = 20.0) -> dict:  # type: ignore[type-arg]
+    forked = await zygote.fork()
+    try:
+        forked.storage.write(f"tests/test_{name}.py", text.encode(), 0o644)
+        plan = RunPlan(["tests"], "tests", "/workspace", "", runner="plain",
+                       launcher_dir=ZYGOTE_DIR)
+        forked.storage.write(plan.canary_path, plan.canary_text.encode(), 0o644)
+        text, timed_out, _, _ = await forked.run(plan.config, timeout)
+        assert not timed_out
+        run = plan.read(text)
+        message = run.outcomes[f"tests/test_{name}.py::test_{name}"][1]
+        facts: dict = ast.literal_eval(message.strip().splitlines()[-1].split(": ", 1)[1])  # type: ignore[type-arg]
+        return facts
+    finally:
+        forked.close()
+
+
+async def test_a_grading_cannot_take_the_zygotes_inotify_instances_from_another() -> None:
+    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    await zygote.start()
+    try:
+        hog = asyncio.create_task(_grade(zygote, "hog", HOG.format(hold=3)))
+        await asyncio.sleep(1.5)  # the hog holds all it could take by now
+        other = await _grade(zygote, "one", ONE)
+        held = await hog
+    finally:
+        await zygote.close()
+    with open("/proc/sys/fs/inotify/max_user_instances") as f:
+        host_limit = int(f.read())
+    assert other["fd"] >= 0, (other, held)  # the concurrent grading still got one
+    assert held["limit"] == str(max(host_limit // 16, 1))
+    assert 0 < held["held"] <= host_limit // 16
+
+
+async def test_each_zygote_runs_as_a_host_uid_of_its_own() -> None:
+    uids = uid_range()
+    first, second = Zygote(grading_spec(load_humaneval()[0])), Zygote(SandboxSpec())
+    await first.start()
+    await second.start()
+    try:
+        async with open_sandbox(SandboxSpec(backend="local")) as sb:
+            seen = [_uid(first._pid), _uid(second._pid), _uid(sb._init_pid)]  # type: ignore[attr-defined]
+    finally:
+        await first.close()
+        await second.close()
+    assert len(set(seen)) == 3 and all(uids.first <= u <= uids.last for u in seen), seen
+
+
+def _uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(status["Uid"].split()[0])

@@ -1,0 +1,227 @@
+"""Kernel counters that sandboxes could share: one sandbox must not exhaust another's, nor the
+host's. Each attack holds what it took in a live sandbox while a second sandbox (and the host)
+asks for the same kind of thing; both backends, both storages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tempering.sandbox import Sandbox, open_sandbox
+from tempering.sandbox.native import home
+from tempering.sandbox.uids import uid_range
+
+# Takes every instance of a per-user counter it can and holds them; prints how many it got
+# and the errno that stopped it. {take} is a statement that takes one (raises OSError when
+# refused), run until it fails.
+HOG = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+def take():
+    {take}
+err = 0
+while len(held) < 100000:
+    try:
+        take()
+    except OSError as exc:
+        err = exc.errno
+        break
+with open("/tmp/hog.out.tmp", "w") as f:
+    f.write(f"{{len(held)}} {{err}}\n")
+os.rename("/tmp/hog.out.tmp", "/tmp/hog.out")
+time.sleep(120)
+"""
+
+INOTIFY = """fd = libc.inotify_init1(0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    held.append(fd)"""
+
+# POSIX message queues: their bytes are charged to the user (RLIMIT_MSGQUEUE, 800 KiB by
+# default: about nine default-sized queues).
+MQUEUE = """name = f"/q{os.getpid()}-{len(held)}".encode()
+    try:
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    except OSError:
+        rt = libc
+    fd = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "mq_open")
+    held.append(fd)"""
+
+AIO = """ctx = ctypes.c_ulong(0)
+    if libc.syscall(206, 4096, ctypes.byref(ctx)) != 0:  # io_setup on x86_64
+        raise OSError(ctypes.get_errno(), "io_setup")
+    held.append(ctx)"""
+
+
+async def _hog(sb: Sandbox, take: str) -> tuple[int, int]:
+    """Start the hog as a daemon of ``sb`` and wait until it holds all it could take."""
+    await sb.write_file("hog.py", HOG.format(take=take))
+    started = await sb.exec("python3 hog.py > /tmp/hog.log 2>&1 &", timeout=10)
+    assert started.exit_code == 0, started
+    for _ in range(200):
+        r = await sb.exec("cat /tmp/hog.out 2>/dev/null; true", timeout=10)
+        if r.stdout.strip():
+            got, err = r.stdout.split()
+            return int(got), int(err)
+        await asyncio.sleep(0.05)
+    log = (await sb.exec("cat /tmp/hog.log", timeout=10)).stdout
+    raise AssertionError(f"the hog never reported: {log}")
+
+
+async def _takes_one(sb: Sandbox, take: str) -> str:
+    """Whether one more can be taken in ``sb`` ('ok', or the errno's name)."""
+    script = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\nheld = []\n"
+              f"def take():\n    {take}\ntry:\n    take()\n    print('ok')\n"
+              "except OSError as exc:\n    print(errno.errorcode[exc.errno])\n")
+    r = await sb.exec(["python3", "-c", script], timeout=20)
+    assert r.exit_code == 0, r
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("take", [INOTIFY, MQUEUE], ids=["inotify", "mqueue"])
+async def test_one_sandbox_cannot_exhaust_anothers_per_user_counters(make_spec, take) -> None:
+    async with open_sandbox(make_spec()) as hog, open_sandbox(make_spec()) as other:
+        got, err = await _hog(hog, take)
+        assert got > 0 and err in (errno.EMFILE, errno.ENOSPC, errno.ENOMEM), (got, err)
+        assert await _takes_one(hog, take) != "ok"  # it does hold its whole share
+        assert await _takes_one(other, take) == "ok"  # and the other sandbox still has its own
+    if take == INOTIFY:
+        fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
+        assert fd >= 0
+        os.close(fd)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe uses x86_64 numbers")
+async def test_legacy_aio_is_refused_and_the_host_keeps_it(make_spec) -> None:
+    async with open_sandbox(make_spec(memory_mb=512)) as sb:
+        got, err = await _hog(sb, AIO)
+        # While the sandbox holds whatever it got, the host's own io_setup still works.
+        libc = ctypes.CDLL(None, use_errno=True)
+        ctx = ctypes.c_ulong(0)
+        assert libc.syscall(206, 128, ctypes.byref(ctx)) == 0, os.strerror(ctypes.get_errno())
+        assert libc.syscall(207, ctx) == 0  # io_destroy
+        assert (got, err) == (0, errno.ENOSYS)  # because the sandbox got none
+
+
+async def test_only_namespaced_socket_families(sb) -> None:
+    script = """
+import errno, socket
+for family, kind in ((40, socket.SOCK_STREAM), (40, socket.SOCK_DGRAM), (38, socket.SOCK_SEQPACKET),
+                     (31, socket.SOCK_STREAM), (15, socket.SOCK_RAW), (21, socket.SOCK_SEQPACKET),
+                     (30, socket.SOCK_STREAM), (29, socket.SOCK_RAW), (44, socket.SOCK_RAW)):
+    try:
+        socket.socket(family, kind).close()
+        print(family, "created")
+    except OSError as exc:
+        print(family, errno.errorcode[exc.errno])
+try:
+    socket.socketpair(40, socket.SOCK_STREAM)
+    print("pair created")
+except OSError as exc:
+    print("pair", errno.errorcode[exc.errno])
+for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+    socket.socket(family, socket.SOCK_STREAM).close()
+socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()
+a, b = socket.socketpair()
+print("honest ok")
+"""
+    r = await sb.exec(["python3", "-c", script], timeout=20)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "honest ok"
+    for line in lines[:-1]:
+        assert line.split()[1] == "EAFNOSUPPORT", r.stdout  # AF_VSOCK first of all
+
+
+async def test_every_sandbox_runs_as_a_host_uid_of_its_own(make_spec) -> None:
+    uids = uid_range()
+    async with open_sandbox(make_spec()) as a, open_sandbox(make_spec()) as b:
+        await a.write_file("kept.txt", "parent")
+        await a.exec("chmod 600 kept.txt", timeout=10)
+        child = await a.fork()
+        try:
+            seen = []
+            for sb in (a, b, child):
+                pid = sb._init_pid  # type: ignore[attr-defined]
+                with open(f"/proc/{pid}/status") as f:
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+                ids = status["Uid"].split()
+                assert ids == [ids[0]] * 4
+                seen.append(int(ids[0]))
+            assert len(set(seen)) == 3 and all(uids.first <= u <= uids.last for u in seen)
+            # The fork owns its copy (even the parent's private file) and can change it.
+            r = await child.exec("cat kept.txt && echo child >> kept.txt && touch new", timeout=10)
+            assert r.exit_code == 0 and r.stdout == "parent", r
+            assert (await a.read_file("kept.txt")) == b"parent"
+        finally:
+            await child.close()
+    for uid in seen:  # each lease went with its sandbox
+        assert not (home() / "uids" / str(uid)).exists()
+
+
+# Three uids of their own (the spawner's and two sandbox uids), so that two processes must meet.
+SMALL_RANGE = {"TEMPERING_SANDBOX_UID": str(0x7002_0000), "TEMPERING_SANDBOX_UID_COUNT": "3"}
+
+
+def _python(script: str, **kw) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, **SMALL_RANGE, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=env, **kw)
+
+
+def test_a_lease_is_unique_across_processes_and_freed_with_its_owner() -> None:
+    # One process leases a uid, starts a process that runs as it, and will die holding it.
+    owner = _python("import subprocess, sys\nfrom tempering.sandbox.uids import lease_uid\n"
+                    "lease = lease_uid()\n"
+                    "p = subprocess.Popen(['sleep', '300'], user=lease.uid, group=lease.gid, "
+                    "extra_groups=[], start_new_session=True)\n"
+                    "print(lease.uid, p.pid, flush=True)\nsys.stdin.read()\n",
+                    stdin=subprocess.PIPE)
+    assert owner.stdout is not None
+    uid, sleeper = (int(x) for x in owner.stdout.readline().split())
+    try:
+        # Another process gets the other uid, and then none: the owner's is never given.
+        other = _python("from tempering.errors import SandboxStartError\n"
+                        "from tempering.sandbox.uids import lease_uid\n"
+                        "first = lease_uid()\ntry:\n    lease_uid()\n    print(first.uid, 'more')\n"
+                        "except SandboxStartError:\n    print(first.uid, 'full')\n"
+                        "first.release()\n")
+        got, rest = other.communicate(timeout=60)[0].split()
+        assert int(got) != uid and rest == "full"
+        owner.kill()
+        owner.wait()
+        assert _alive(sleeper)  # what ran as the uid outlived its owner
+        reclaim = _python("from tempering.sandbox.uids import reclaim_uids\n"
+                          "print(*reclaim_uids())\n")
+        freed = reclaim.communicate(timeout=60)[0].split()
+        assert freed == [str(uid)]  # a dead owner's lease, and only that one
+        for _ in range(100):
+            if not _alive(sleeper):
+                break
+            time.sleep(0.01)
+        assert not _alive(sleeper)  # killed when its uid was freed
+    finally:
+        owner.kill()
+        with contextlib.suppress(OSError):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
