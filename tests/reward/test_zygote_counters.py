@@ -43,13 +43,15 @@ def test_one():
 async def _grade(zygote: Zygote, name: str, text: str, timeout: float = 20.0) -> dict:  # type: ignore[type-arg]
     forked = await zygote.fork()
     try:
-        forked.storage.write(f"tests/test_{name}.py", text.encode(), 0o644)
+        path = f"tests/test_{name}.py"  # the hidden test reaches the launcher, not the disk
+        forked.storage.write(path, b"", 0o644)
         plan = RunPlan(["tests"], "tests", "/workspace", "", runner="plain",
-                       launcher_dir=ZYGOTE_DIR)
-        forked.storage.write(plan.canary_path, plan.canary_text.encode(), 0o644)
-        text, timed_out, _, _ = await forked.run(plan.config, timeout)
-        assert not timed_out
-        run = plan.read(text)
+                       launcher_dir=ZYGOTE_DIR, sources={f"/workspace/{path}": text.encode()})
+        forked.storage.write(plan.canary_path, b"", 0o644)
+        await forked.seal("/workspace/tests")
+        report = await forked.run(plan.config, timeout, 1 << 20)
+        assert not report.timed_out
+        run = plan.read(report.text)
         message = run.outcomes[f"tests/test_{name}.py::test_{name}"][1]
         facts: dict = ast.literal_eval(message.strip().splitlines()[-1].split(": ", 1)[1])  # type: ignore[type-arg]
         return facts

@@ -31,7 +31,7 @@ import inside_guard as guard_module  # noqa: E402 - from the launcher's own read
 
 del sys.path[0]
 emit = guard_module.report
-hidden_source = guard_module.hidden_source
+hidden_code = guard_module.hidden_code
 EQUALITY_CALLS = frozenset({
     "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
     "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertCountEqual",
@@ -39,6 +39,7 @@ EQUALITY_CALLS = frozenset({
 COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
                "GtE": "order"}
 PROBE = "__tempering_probe__"
+MATCHERS = frozenset({"ANY", "approx"})
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -69,20 +70,24 @@ def _neighbour(expected):
     return _NO
 
 
-def probe(value, kind, expected=_NO):
+def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO, _last=_LAST,
+          _neighbour=_neighbour, _urandom=os.urandom):
     """``value``, unless it claims to equal (or order against) what no honest value does: a
     fresh object, or a literal of the expected value's kind other than the expected value.
-    Then the assertion fails and it is flagged. It asks one to four times (a number the value
-    cannot predict), and once more after the assertion held (``kind`` "after"), so an object
-    that answers differently from call to call is caught too."""
+    Then the assertion fails and it is flagged. It asks a number of times the value cannot
+    predict, each comparison on its own (one that raises does not excuse the others), and once
+    more after the assertion held (``kind`` "after"), so an object that answers differently
+    from call to call is caught too. Its constants are bound here, where replacing them is an
+    audited change of ``__defaults__``."""
     if kind == "after":
-        if not _LAST:
+        if not _last:
             return None
-        value, kind, expected = _LAST.pop()
-    elif type(value) in _PLAIN:
+        value, kind, expected = _last.pop()
+    elif type(value) in _plain:
+        _last.clear()  # the probe after this assertion has nothing to ask
         return value
     else:
-        _LAST[:] = [(value, kind, expected)]
+        _last[:] = [(value, kind, expected)]
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
         if not suspects:
@@ -90,20 +95,32 @@ def probe(value, kind, expected=_NO):
         item, near = suspects.pop()
         kind_of = type(item)
         if kind_of in (list, tuple, set, frozenset):
-            suspects.extend((v, _NO) for v in list(item)[:200])
+            suspects.extend((v, _none) for v in list(item)[:200])
             continue
         if kind_of is dict:
-            suspects.extend((v, _NO) for v in list(item.values())[:200])
+            suspects.extend((v, _none) for v in list(item.values())[:200])
             continue
-        if kind_of in _PLAIN:
+        if kind_of in _plain:
             continue
-        others = [_Fresh()] * (1 + os.urandom(1)[0] % 4)
-        if kind == "eq" and near is not _NO and _neighbour(near) is not _NO:
-            others.append(_neighbour(near))
-        try:
-            claims = any(bool(item == o) if kind == "eq" else bool(item < o) for o in others)
-        except Exception:
-            continue
+        others = [_fresh() for _ in range(1 + _urandom(1)[0] % 4)]
+        if kind == "eq" and near is not _none:
+            step = near
+            for _ in range(1 + _urandom(1)[0] % 4):  # 2 -> 3, 4, 5...: any number of them
+                step = _neighbour(step)
+                if step is _none:
+                    break
+                others.append(step)
+        shuffled = []
+        while others:
+            shuffled.append(others.pop(_urandom(1)[0] % len(others)))
+        claims = False
+        for other in shuffled:
+            try:
+                claims = bool(item == other) if kind == "eq" else bool(item < other)
+            except Exception:
+                continue
+            if claims:
+                break
         if claims:
             name = type(item).__qualname__
             emit("audit", flag="always_equal", detail=f"a {name} that claims to "
@@ -126,8 +143,15 @@ def instrument(tree):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return False
 
+    def matcher(node):
+        """An operand that builds on a matcher meant to equal many values (``mock.ANY``,
+        ``pytest.approx``): the test's own expectation, never the tested code's result."""
+        return any(isinstance(n, ast.Name | ast.Attribute)
+                   and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
+                   for n in ast.walk(node))
+
     def wrap(node, kind, expected=None):
-        if literal(node):
+        if literal(node) or matcher(node):
             return node
         args = [node, ast.Constant(kind)]
         if expected is not None and literal(expected):
@@ -169,22 +193,36 @@ def instrument(tree):
     return tree
 
 
-def load_hidden(path, name, rewrite=False):
-    """The hidden module at ``path``, compiled from the guard's copy (None if it has none),
-    with pytest's assertion rewriting if ``rewrite``. It takes no callable: the source must
-    not pass through anything a caller could supply."""
+def compile_hidden(sources, rewrite):
+    """Every hidden Python file, compiled now, before any tested code exists: instrumented
+    with the probe and, under pytest, with pytest's assertion rewriting. Nothing of the hidden
+    tests is parsed or transformed once the tested code runs (it could patch the parser or the
+    transformer and watch the source go by). A file that does not compile keeps its error,
+    raised when it is imported, as the interpreter would."""
     import ast
 
-    source = hidden_source(path)
-    if source is None:
-        return None
-    tree = instrument(ast.parse(source, filename=path))
     if rewrite:
         from _pytest.assertion.rewrite import rewrite_asserts
+    codes = {}
+    for path, source in sources.items():
+        try:
+            tree = instrument(ast.parse(source, filename=path))
+            if rewrite:
+                rewrite_asserts(tree, source, path, None)
+            codes[path] = compile(tree, path, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            codes[path] = exc
+    return codes
 
-        rewrite_asserts(tree, source, path, None)
-    code = compile(tree, path, "exec", dont_inherit=True)
-    del source, tree
+
+def load_hidden(path, name):
+    """The hidden module at ``path``, run from its code compiled ahead (None if there is no
+    such hidden file)."""
+    code = hidden_code(path)
+    if code is None:
+        return None
+    if isinstance(code, BaseException):
+        raise code
     module = type(sys)(name)
     module.__file__ = path
     module.__dict__[PROBE] = probe
@@ -210,7 +248,7 @@ class HiddenFinder:
             for candidate, package in ((f"{base}/{last}.py", False),
                                        (f"{base}/{last}/__init__.py", True)):
                 if not candidate.startswith(self.tests + "/") or \
-                        hidden_source(candidate) is None:
+                        hidden_code(candidate) is None:
                     continue
                 spec = ModuleSpec(fullname, self, origin=candidate, is_package=package)
                 spec.has_location = True
@@ -223,28 +261,31 @@ class HiddenFinder:
         return None
 
     def exec_module(self, module):
-        import ast
-
         path = module.__spec__.origin
         if type(module) is not type(sys) or not isinstance(path, str):
             raise ImportError(f"not a module of the hidden tests: {module!r}")
-        tree = instrument(ast.parse(hidden_source(path), filename=path))
+        code = hidden_code(path)
+        if isinstance(code, BaseException):
+            raise code
         module.__file__ = path
         module.__dict__[PROBE] = probe
         emit("loading", module=module)
-        exec(compile(tree, path, "exec", dont_inherit=True), module.__dict__)
+        exec(code, module.__dict__)
         emit("loaded", module=module)
 
 
 def prepare(config, fd, pytest_hooks=False):
     """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
     workspace, tests = config["workspace"], config["tests"]
+    codes = compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks)
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
-                                 config["launcher_dir"], config.pop("sources", {}))
+                                 config["launcher_dir"], codes)
+    del codes
     guard.allow(probe, load_hidden, HiddenFinder.find_spec, HiddenFinder.exec_module,
                 run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
+    _frameless_signals(type(guard).__call__.__code__)
     del guard  # from here on, only audit events reach it
     guard_module.undumpable()
     finder = next((i for i, f in enumerate(sys.meta_path)
@@ -255,6 +296,33 @@ def prepare(config, fd, pytest_hooks=False):
     return workspace, tests
 
 
+def _frameless_signals(guard_code):
+    """Signal handlers the tested code installs get no frame, and never run inside the guard.
+
+    A Python signal handler is called with the frame it interrupted, the one way to a frame
+    that raises no audit event; and it can run between two bytecodes of the guard itself,
+    where nothing it does is audited. So ``signal.signal`` wraps a callable handler: it is
+    called with ``None`` for the frame, and not at all if the signal came while the guard ran
+    (such a signal is dropped)."""
+    import _signal
+    import signal as signal_module
+
+    def install(signalnum, handler, _install=_signal.signal, _guard=guard_code):
+        if callable(handler):
+            def frameless(signum, frame, _user=handler, _guard=_guard):
+                while frame is not None:
+                    if frame.f_code is _guard:
+                        return None
+                    frame = frame.f_back
+                return _user(signum, None)
+
+            return _install(signalnum, frameless)
+        return _install(signalnum, handler)
+
+    install.__doc__ = _signal.signal.__doc__
+    _signal.signal = signal_module.signal = install
+
+
 class Report:
     """The pytest plugin: one line per collected test, test begun, outcome and test finished."""
 
@@ -263,7 +331,8 @@ class Report:
         self.messages = {}
 
     def pytest_sessionstart(self, session):
-        emit("seal")  # pytest and its plugins are loaded; the tests are not collected yet
+        # pytest and its plugins are loaded; the tests are not collected yet
+        emit("seal", plugin=self, pluginmanager=session.config.pluginmanager)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -327,6 +396,9 @@ def _tryfirst(plugin_class):
     for name in ("pytest_runtest_logreport", "pytest_runtest_logstart", "pytest_collectreport",
                  "pytest_collection_finish"):
         setattr(plugin_class, name, pytest.hookimpl(tryfirst=True)(getattr(plugin_class, name)))
+    # Sealed last at the session's start: pytest's own plugins have registered by then.
+    plugin_class.pytest_sessionstart = pytest.hookimpl(trylast=True)(
+        plugin_class.pytest_sessionstart)
 
 
 def run_tests(config, fd):
@@ -340,7 +412,7 @@ def run_tests(config, fd):
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
         name = module_name_from_path(path, root) if root is not None else path.stem
-        module = load_hidden(str(path), name, rewrite=True)
+        module = load_hidden(str(path), name)
         if module is None:
             return import_path(path, mode=mode, root=root, **kwargs)
         insert_missing_modules(sys.modules, name)

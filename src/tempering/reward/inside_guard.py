@@ -36,16 +36,25 @@ WATCHED = frozenset({
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
     "object.__setattr__", "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile",
-    "code.__new__", REPORT_EVENT, "tempering.source",
+    "code.__new__", REPORT_EVENT, "tempering.code",
 })
-FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals"})
+FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
+                         "f_code"})
+# What hands over every object or every frame: refused outright once the guard runs (nothing
+# of the harness needs them), whoever asks; the tested code asking is flagged besides.
+REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                     "sys._current_frames", "sys.settrace", "sys.setprofile"})
 CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
-# Standard-library modules that read their caller's frame for honest reasons (a logger's
-# caller, a namedtuple's or TypeVar's module): a frame event from them is theirs, not passed on.
+# Standard-library modules that read frames for honest reasons of their own (a logger's caller,
+# a namedtuple's or TypeVar's module, an exception's traceback to format it): a frame event
+# from them is theirs, not passed on; except from their functions that hand the frames to
+# their caller (those are looked through like the rest of the library).
 BENIGN_INTROSPECTION = ("logging/", "collections/", "typing.py", "enum.py", "warnings.py",
                         "dataclasses.py", "abc.py", "_weakrefset.py", "threading.py",
-                        "unittest/", "doctest.py")
+                        "unittest/", "doctest.py", "traceback.py", "linecache.py")
+HANDS_OUT_FRAMES = frozenset({"<lambda>", "currentframe", "walk_tb", "walk_stack",
+                              "_walk_tb_with_full_positions"})
 # Entries that pytest itself swaps for the length of each test (restored after it).
 VOLATILE = {"_pytest.assertion.util": frozenset({"_reprcompare", "_assertion_pass", "_config"}),
             "warnings": None, "_warnings": None, "sys": None}
@@ -183,6 +192,8 @@ class Guard:
         self.emitters = set()  # ids of the code objects allowed to report
         self.hooks = set()  # of those, the ones only pytest's hook machinery may call
         self.hook_caller = None  # pluggy's code that calls hook implementations
+        self.plugin = None  # the launcher's pytest plugin, as registered
+        self.plugins = set()  # ids of pytest's plugins when the runner was sealed
         self._codes = []  # and the objects themselves, so the ids stay theirs
         self.integrity = Integrity()
         self.test_globals = set()  # ids of the hidden test modules' namespaces
@@ -192,7 +203,7 @@ class Guard:
         self.done = set()
         self.current = None
         self.sealed = False
-        self.sources = {}  # the hidden tests' Python files, by absolute path: only in here
+        self.codes = {}  # the hidden tests' Python files, compiled, by absolute path: only here
 
     # ---- set-up, before any tested code runs ----
 
@@ -241,7 +252,11 @@ class Guard:
     # ---- the hook ----
 
     def __call__(self, event, args):
-        if event not in WATCHED or getattr(self.local, "busy", False):
+        if event not in WATCHED:
+            return
+        if event in REFUSED:  # even from inside the guard (a signal handler run there)
+            self.refuse(event)
+        if getattr(self.local, "busy", False):
             return
         self.local.busy = True
         try:
@@ -250,23 +265,41 @@ class Guard:
                 if frame.f_code is _REPORT_CODE:
                     frame = frame.f_back
                 code = frame.f_code if frame is not None else None
-                if id(code) in self.hooks and (frame.f_back is None
-                                               or frame.f_back.f_code is not self.hook_caller):
+                if id(code) in self.hooks and (
+                        frame.f_back is None or frame.f_back.f_code is not self.hook_caller
+                        or (self.plugin is not None
+                            and frame.f_locals.get("self") is not self.plugin)):
                     caller = frame.f_back.f_code.co_filename if frame.f_back else "?"
-                    self.flag("forged_report", f"a hook of the report called from {caller}",
+                    self.flag("forged_report", f"a hook of the report called from {caller} "
+                              "(or on another plugin than the one pytest runs)",
                               _text(caller) or "?")
                     return
                 self.request(args[0], code)
-            elif event == "tempering.source":  # (path, box): the loader asks for a hidden file
+            elif event == "tempering.code":  # (path, box): the loader asks for a hidden file
                 path, box = _text(args[0]), args[1]
                 if id(sys._getframe(2).f_code) in self.emitters and type(box) is list:
-                    box.append(self.sources.get(path))
+                    box.append(self.codes.get(path))
             else:
                 self.check(event, args)
         except Exception:  # a hook that raises would break the tested code, not protect it
             pass
         finally:
             self.local.busy = False
+
+    def refuse(self, event):
+        """Stop ``event`` (the audit hook raising aborts the call), flagging the tested code
+        if it asked."""
+        if not getattr(self.local, "busy", False):
+            self.local.busy = True
+            try:
+                where = self.caller(self.through_introspection, depth=4)
+                if where is not None:
+                    self.flag("introspection", f"{event} (refused)", where)
+            except Exception:
+                pass
+            finally:
+                self.local.busy = False
+        raise PermissionError(f"{event} is not allowed while the hidden tests run")
 
     def write(self, record):
         with self._lock:
@@ -301,9 +334,20 @@ class Guard:
         if record.get("event") == "seal":
             if not self.sealed:
                 self.seal()
+                self.plugin = record.get("plugin")
+                manager = record.get("pluginmanager")
+                if manager is not None:
+                    self.plugins = set(map(id, manager.get_plugins()))
             return
         if record.get("event") == "hooks" and self.state == "started":
-            self.guard_hooks(record.get("pluginmanager"))
+            manager = record.get("pluginmanager")
+            for plugin in list(manager.get_plugins()):
+                where = getattr(plugin, "__file__", None) if type(plugin) is type(sys) else None
+                if id(plugin) not in self.plugins and not (
+                        type(where) is str and _startswith(where, self.tests)):
+                    self.flag("runner_tampered", f"a pytest plugin joined during collection: "
+                              f"{type(plugin).__name__}", "the runner")
+            self.guard_hooks(manager)
             return
         if not _plain(record):
             self.flag("runner_tampered", "a report record holding objects", "the report")
@@ -340,7 +384,7 @@ class Guard:
                 return f"test {test} began out of turn"
             self.current = test
         elif event == "test":
-            if state != "collected" or test != self.current:
+            if state != "collected" or test != self.current or test in self.done:
                 return f"an outcome for {test} while {self.current} ran"
             self.done.add(test)
         elif event == "finish":
@@ -353,27 +397,29 @@ class Guard:
 
     # ---- attribution ----
 
-    def caller(self, looked_through):
+    def caller(self, looked_through, depth=3):
         """The tested code's file if the nearest frame not ``looked_through`` is the tested
         code's, else None. Code compiled from strings is always looked through."""
-        frame = sys._getframe(3)
+        frame = sys._getframe(depth)
         while frame is not None:
-            name = _text(frame.f_code.co_filename) or ""
+            code = frame.f_code
+            name = _text(code.co_filename) or ""
             if _startswith(name, self.workspace) and not _startswith(name, self.tests):
                 return name
-            if not (_startswith(name, "<") or looked_through(name)):
+            if not (_startswith(name, "<") or looked_through(name, _text(code.co_name))):
                 return None
             frame = frame.f_back
         return None
 
-    def library(self, name):
+    def library(self, name, function=None):
         return _startswith(name, self.stdlib) and "-packages/" not in name
 
-    def through_introspection(self, name):
+    def through_introspection(self, name, function=None):
         """Frames looked through for frame and gc events: the standard library, except the
-        modules that introspect their caller for their own honest reasons."""
-        return self.library(name) and not any(
-            _startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION)
+        modules that introspect for their own honest reasons (unless the function is one that
+        hands frames to its caller)."""
+        return self.library(name) and (function in HANDS_OUT_FRAMES or not any(
+            _startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION))
 
     def in_stack(self):
         """The tested code's file if its frame is anywhere on the stack."""
@@ -434,8 +480,7 @@ class Guard:
                 if where is not None:
                     self.flag("runner_tampered", f"replaced the {name} of {args[0]!r}"[:200],
                               where)
-        elif event in ("sys._getframe", "sys._current_frames", "gc.get_objects",
-                       "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile"):
+        elif event == "sys._getframe":
             where = self.caller(self.through_introspection)
             if where is not None:
                 self.flag("introspection", event, where)
@@ -490,19 +535,28 @@ def undumpable():
         del sys.modules[name]
 
 
-def hidden_source(path):
-    """The hidden file at ``path`` (bytes), or None: asked of the guard, which hands it only to
-    the code objects it was told to trust (the caller of this function)."""
+def hidden_code(path):
+    """The hidden file at ``path``, compiled (or the error compiling it raised), or None: asked
+    of the guard, which hands it only to the code it was told to trust (this one's caller)."""
     box = []
-    _audit("tempering.source", path, box)
+    _audit("tempering.code", path, box)
     return box[0] if box else None
 
 
-def install(fd, key, workspace, tests, launcher_dir, sources):
+def install(fd, key, workspace, tests, launcher_dir, codes):
     """Start guarding this process: the report goes to ``fd``, MACed under ``key``; the hidden
-    tests' ``sources`` are kept where only the loader can ask for them. The caller registers
-    its reporting functions with ``allow`` and drops the guard before any tested code runs."""
+    tests' compiled ``codes`` are kept where only the loader can ask for them. The caller
+    registers its reporting functions with ``allow`` and drops the guard before any tested
+    code runs."""
     guard = Guard(fd, key, workspace, tests, launcher_dir)
-    guard.sources = dict(sources)
+    items = list(codes.items())  # in no order a reader could learn the canary's place from
+    for i in range(len(items) - 1, 0, -1):
+        j = int.from_bytes(os.urandom(4), "little") % (i + 1)
+        items[i], items[j] = items[j], items[i]
+    guard.codes = dict(items)
     sys.addaudithook(guard)
+    # No module holds the guard's classes any more: a class attribute set raises no audit
+    # event, so a reachable class would let the tested code swap the hook's own methods.
+    for name in ("Guard", "Integrity"):
+        globals().pop(name, None)
     return guard
