@@ -15,8 +15,6 @@ TAMPER: dict[str, str] = {
     "protected_edit": "changed a protected path or the hidden tests directory (edit dropped)",
     "tests_symlink": "made the hidden tests directory (or a protected path) a symbolic link",
     "conftest": "added or changed a conftest.py (dropped: it could rewrite pytest's reports)",
-    "pytest_config": "added or changed pytest configuration (pytest.ini, [tool.pytest...] in "
-                     "pyproject.toml, [tool:pytest] in setup.cfg, [pytest] in tox.ini)",
     "site_hook": "added sitecustomize, usercustomize or a .pth file (dropped)",
     "entry_points": "added package metadata that declares plugins or entry points (dropped)",
     "shadows_pytest": "added a module named like pytest or its dependencies (never imported)",
@@ -44,6 +42,8 @@ NOTES: dict[str, str] = {
     "lint_unavailable": "ruff could not run: the lint component is 0",
     "rule_failed": "a task rule failed (see details)",
     "generated_dropped": "caches or bytecode in the workspace were ignored",
+    "pytest_config": "pytest configuration was added or changed (applied: the grader runs "
+                     "pytest with its own ini file, so it cannot change how the tests run)",
     "tests_dir_edit": "a new file the agent put in the hidden tests directory was dropped",
     "binary_dropped": "a compiled module was dropped (the task does not allow binaries)",
 }

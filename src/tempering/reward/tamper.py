@@ -5,7 +5,9 @@ Every difference is an edit; an edit is applied to a pristine copy unless it tou
 decides how the tests run: the hidden tests directory and the task's protected paths, pytest's
 configuration and conftest files, interpreter start-up hooks, plugin metadata, and modules
 named like pytest or the standard library. Those are dropped and flagged, so the hidden tests
-run the same way whatever the agent wrote; caches and bytecode are ignored silently.
+run the same way whatever the agent wrote; caches and bytecode are ignored silently. pytest's
+own configuration files are applied with a note: the launcher runs pytest with its own ini
+file (``-c``), which makes theirs inert, and a project's ``pyproject.toml`` is honest work.
 
 A flag zeroes the reward only where the edit is an attempt on the grading itself. What honest
 work also does is dropped with a note: the agent's own new test files in the tests directory
@@ -82,7 +84,17 @@ def screen(task: Task, final: FileTree) -> Screened:
         out.applied[path] = new
         if new is not None:
             out.modes[path] = final.mode(path)
+        if _pytest_config(path, new):  # applied: the grader's own ini (-c) makes it inert
+            out.flags.add("pytest_config")
+            out.details.append(f"pytest_config: {path}: pytest configuration (applied; the "
+                               "hidden tests run under the grader's own)")
     return out
+
+
+def _pytest_config(path: str, data: bytes | None) -> bool:
+    name = posixpath.basename(path)
+    return name in ("pytest.ini", ".pytest.ini") or (
+        name in PYTEST_SECTIONS and data is not None and PYTEST_SECTIONS[name].encode() in data)
 
 
 def _generated(path: str) -> bool:
@@ -101,10 +113,6 @@ def _why_dropped(path: str, data: bytes | None, protected: list[str], pristine: 
         return "tests_dir_edit", "a new file in the hidden tests directory (the agent's own test)"
     if matches(path, protected):
         return "protected_edit", "protected path"
-    if name in ("pytest.ini", ".pytest.ini"):
-        return "pytest_config", "pytest configuration"
-    if name in PYTEST_SECTIONS and data is not None and PYTEST_SECTIONS[name].encode() in data:
-        return "pytest_config", f"{PYTEST_SECTIONS[name]} section"
     if name in ("sitecustomize.py", "usercustomize.py") or name.endswith(".pth"):
         return "site_hook", "runs at interpreter start-up"
     if any(p.endswith((".dist-info", ".egg-info")) for p in path.split("/")[:-1]):

@@ -27,7 +27,7 @@ import os
 import posixpath
 import stat
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Concatenate, ParamSpec, Self, TypeVar
 
 from tempering.errors import (
@@ -268,13 +268,19 @@ class Storage:
     def read_tree(self, src: str, limits: CopyLimits,
                   stop: threading.Event | None = None) -> TreeCopy:
         """The regular files under the directory ``src``, read into memory within ``limits``
-        (``copyout.py``), opened as the sandbox's user."""
-        with as_user(self.uid, self.gid):
+        (``copyout.py``), opened as the sandbox's user but past its permission bits: a
+        workspace the agent made unreadable (``chmod 000``) is still read, not an error."""
+        with as_user(self.uid, self.gid), reading_all():
             fd = self._open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         try:
-            return read_tree(Walk(fd, limits, stop, lambda: as_user(self.uid, self.gid)))
+            return read_tree(Walk(fd, limits, stop, self._reading))
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        with as_user(self.uid, self.gid), reading_all():
+            yield
 
     def copy_into(self, other: Storage) -> None:
         """Copy every root of this storage into the same root of ``other`` (a fork).
