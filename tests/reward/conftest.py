@@ -34,6 +34,16 @@ async def _attempt(task: Task, files: Mapping[str, str | bytes] | None = None,
             return await g.grade(task, sb)
 
 
+@pytest.fixture(params=["pytest", "plain"])
+def task(request: pytest.FixtureRequest, median: Task) -> Task:
+    """The median task under pytest, and under the plain runner (the grading zygote)."""
+    if request.param == "pytest":
+        return median
+    grading = median.config.grading.model_copy(update={"runner": "plain"})
+    return Task(median.config.model_copy(update={"grading": grading}), median.instruction,
+                median.workspace, median.tests, median.solution)
+
+
 @pytest.fixture
 def attempt():  # type: ignore[no-untyped-def]
     """``await attempt(task, files, shell)``: grade what an agent left."""

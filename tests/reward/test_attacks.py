@@ -241,15 +241,6 @@ def median(values):
 }
 
 
-@pytest.fixture(params=["pytest", "plain"])
-def task(request: pytest.FixtureRequest, median):  # type: ignore[no-untyped-def]
-    if request.param == "pytest":
-        return median
-    grading = median.config.grading.model_copy(update={"runner": "plain"})
-    return median.__class__(median.config.model_copy(update={"grading": grading}),
-                            median.instruction, median.workspace, median.tests, median.solution)
-
-
 @pytest.mark.parametrize("name", list(ATTACKS))
 async def test_attack_is_neutralised(name: str, task, attempt) -> None:
     files, shell, flag, runners = ATTACKS[name]

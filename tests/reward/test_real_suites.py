@@ -93,18 +93,22 @@ class TestAsUnittest(unittest.TestCase):
 '''
 
 
-@pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory) -> Task:
-    root: Path = tmp_path_factory.mktemp("inventory")
-    (root / "task.toml").write_text(TASK_TOML)
-    (root / "instruction.md").write_text("Implement total(items).\n")
-    for path, text in {"workspace/inventory.py": STUB, "solution/inventory.py": SOLUTION,
-                       "tests/conftest.py": CONFTEST, "tests/helpers.py": HELPERS,
-                       "tests/items.json": '[["a", 1.5], ["b", 5]]',
-                       "tests/test_inventory.py": TESTS}.items():
+def _task(root: Path, toml: str, tests: dict[str, str]) -> Task:
+    """A task directory of ``total(items)`` with these hidden ``tests``, loaded."""
+    files = {"task.toml": toml, "instruction.md": "Implement total(items).\n",
+             "workspace/inventory.py": STUB, "solution/inventory.py": SOLUTION,
+             **{f"tests/{name}": text for name, text in tests.items()}}
+    for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     return load_task(root)
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory: pytest.TempPathFactory) -> Task:
+    return _task(tmp_path_factory.mktemp("inventory"), TASK_TOML, {
+        "conftest.py": CONFTEST, "helpers.py": HELPERS, "items.json": '[["a", 1.5], ["b", 5]]',
+        "test_inventory.py": TESTS})
 
 
 async def test_an_honest_solution_scores_one_with_no_flag(inventory: Task, attempt) -> None:
@@ -155,17 +159,10 @@ def total(items):
 @pytest.fixture(scope="module", params=["pytest", "plain"])
 def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Task:
     root: Path = tmp_path_factory.mktemp("golden")
-    runner = request.param
-    (root / "task.toml").write_text(TASK_TOML.replace('timeout_s = 60', f'timeout_s = 60\n'
-                                                      f'runner = "{runner}"'))
-    (root / "instruction.md").write_text("Implement total(items).\n")
-    for path, text in {"workspace/inventory.py": STUB, "solution/inventory.py": SOLUTION,
-                       "tests/cases.json": '[[[["a", 1]], 1], [[["a", 1], ["b", 2.5]], 3.5], '
-                                           '[[], 0]]',
-                       "tests/test_golden.py": GOLDEN_TESTS}.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text)
-    return load_task(root)
+    toml = TASK_TOML.replace("timeout_s = 60", f'timeout_s = 60\nrunner = "{request.param}"')
+    return _task(root, toml, {
+        "cases.json": '[[[["a", 1]], 1], [[["a", 1], ["b", 2.5]], 3.5], [[], 0]]',
+        "test_golden.py": GOLDEN_TESTS})
 
 
 async def test_the_hidden_data_files_cannot_be_rewritten(golden: Task, attempt) -> None:

@@ -139,16 +139,6 @@ PYTEST_MACHINERY = {"patches pytest's reports at import",
                     "patches pytest to pass only tests under tests/"}
 
 
-@pytest.fixture(params=["pytest", "plain"])
-def task(request: pytest.FixtureRequest, median):  # type: ignore[no-untyped-def]
-    """The median task under pytest, and under the plain runner (the grading zygote)."""
-    if request.param == "pytest":
-        return median
-    grading = median.config.grading.model_copy(update={"runner": "plain"})
-    return median.__class__(median.config.model_copy(update={"grading": grading}),
-                            median.instruction, median.workspace, median.tests, median.solution)
-
-
 @pytest.mark.parametrize("name", list(HACKS))
 async def test_hack_is_neutralised_and_flagged(name: str, task, attempt) -> None:
     files, shell, flag = HACKS[name]

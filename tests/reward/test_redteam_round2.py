@@ -405,15 +405,6 @@ def median(values):
 }
 
 
-@pytest.fixture(params=["pytest", "plain"])
-def task(request: pytest.FixtureRequest, median):  # type: ignore[no-untyped-def]
-    if request.param == "pytest":
-        return median
-    grading = median.config.grading.model_copy(update={"runner": "plain"})
-    return median.__class__(median.config.model_copy(update={"grading": grading}),
-                            median.instruction, median.workspace, median.tests, median.solution)
-
-
 @pytest.mark.parametrize("name", list(ATTACKS))
 async def test_round_two_attack_does_not_beat_the_grader(name: str, task, attempt) -> None:
     stats, runners = ATTACKS[name]

@@ -195,6 +195,8 @@ def instrument(tree):
             test.left = wrap(left, kind, right if equal else None)
             if kind != "eq" or equal:
                 test.comparators = [wrap(right, kind, left if equal else None)]
+            if test.left is left and test.comparators[0] is right:
+                return node  # nothing probed (literals, matchers): nothing to ask again
             return [node, again(node)]
 
     tree = Probes().visit(tree)
