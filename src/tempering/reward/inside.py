@@ -51,7 +51,6 @@ class _Fresh:
 
 _PLAIN = (int, float, str, bytes, bool, complex, type(None))
 _NO = _Fresh()  # no expected literal
-_LAST = []  # the last value probed, for the probe after its assertion
 
 
 def _neighbour(expected):
@@ -70,21 +69,21 @@ def _neighbour(expected):
     return _NO
 
 
-def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO, _last=_LAST,
+def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
           _neighbour=_neighbour, _urandom=os.urandom):
     """``value``, unless it claims to equal (or order against) what no honest value does: a
     fresh object, or a literal of the expected value's kind other than the expected value.
     Then the assertion fails and it is flagged. It asks a number of times the value cannot
     predict, each comparison on its own (one that raises does not excuse the others), and once
-    more after the assertion held (``kind`` "after"), so an object that answers differently
-    from call to call is caught too. Its constants are bound here, where replacing them is an
-    audited change of ``__defaults__``."""
+    more after the assertion held (``kind`` "after", with the same value and literal, which the
+    instrumented test holds in a local of its own: nothing is kept where the value could look),
+    so an object that answers differently from call to call is caught too. Its constants are
+    bound here, where replacing them is an audited change of ``__defaults__``."""
     if kind == "after":
-        if not _last:
+        if type(value) in _plain:
             return None
-        value, kind, expected = _last.pop()
         try:  # the assertion just found it equal: an honest value still is
-            steady = kind != "eq" or expected is _none or bool(value == expected)
+            steady = expected is _none or bool(value == expected)
         except Exception:
             steady = False
         if not steady:
@@ -92,11 +91,9 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO, _l
             emit("audit", flag="always_equal", detail=f"a {name} whose equality changes from "
                  "call to call", where=str(getattr(type(value), "__module__", "?")))
             raise AssertionError(f"{name} is equal, then not")
-    elif type(value) in _plain:
-        _last.clear()  # the probe after this assertion has nothing to ask
+        return None
+    if type(value) in _plain:
         return value
-    else:
-        _last[:] = [(value, kind, expected)]
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
         if not suspects:
@@ -168,10 +165,13 @@ def instrument(tree):
         call = ast.Call(func=ast.Name(PROBE, ast.Load()), args=args, keywords=[])
         return ast.copy_location(call, node)
 
-    def again(node):
-        call = ast.Call(func=ast.Name(PROBE, ast.Load()),
-                        args=[ast.Constant(None), ast.Constant("after")], keywords=[])
-        return ast.copy_location(ast.Expr(call), node)
+    def call(*args):
+        return ast.Call(func=ast.Name(PROBE, ast.Load()), args=list(args), keywords=[])
+
+    def copy(node):
+        return ast.parse(ast.unparse(node), mode="eval").body
+
+    sites = iter(range(1 << 30))
 
     class Probes(ast.NodeTransformer):
         def visit_Call(self, node):
@@ -192,12 +192,26 @@ def instrument(tree):
                 return node
             left, right = test.left, test.comparators[0]
             equal = type(test.ops[0]).__name__ == "Eq"
-            test.left = wrap(left, kind, right if equal else None)
+            for side, other in ((0, right), (1, left)) if equal else ():
+                operand = (left, right)[side]
+                if literal(other) and not literal(operand) and not matcher(operand):
+                    # v = probe(x, "eq", 2); assert v == 2; probe(v, "after", 2): the value
+                    # in a local of the test's own, asked again once the assertion held
+                    name = f"_tempering_v{next(sites)}"
+                    held = ast.Assign(targets=[ast.Name(name, ast.Store())],
+                                      value=call(operand, ast.Constant("eq"), copy(other)))
+                    use = ast.Name(name, ast.Load())
+                    if side == 0:
+                        test.left = use
+                    else:
+                        test.comparators = [use]
+                    after = ast.Expr(call(ast.Name(name, ast.Load()), ast.Constant("after"),
+                                          copy(other)))
+                    return [ast.copy_location(held, node), node, ast.copy_location(after, node)]
+            test.left = wrap(left, kind)
             if kind != "eq" or equal:
-                test.comparators = [wrap(right, kind, left if equal else None)]
-            if test.left is left and test.comparators[0] is right:
-                return node  # nothing probed (literals, matchers): nothing to ask again
-            return [node, again(node)]
+                test.comparators = [wrap(right, kind)]
+            return node
 
     tree = Probes().visit(tree)
     ast.fix_missing_locations(tree)

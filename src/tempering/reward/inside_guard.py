@@ -51,7 +51,7 @@ NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
 # from them is theirs, not passed on; except from their functions that hand the frames to
 # their caller (those are looked through like the rest of the library).
 BENIGN_INTROSPECTION = ("logging/", "collections/", "typing.py", "enum.py", "warnings.py",
-                        "dataclasses.py", "abc.py", "_weakrefset.py", "threading.py",
+                        "dataclasses.py", "abc.py", "_weakrefset.py",
                         "unittest/", "doctest.py", "traceback.py", "linecache.py")
 HANDS_OUT_FRAMES = frozenset({"<lambda>", "currentframe", "walk_tb", "walk_stack",
                               "_walk_tb_with_full_positions"})
@@ -188,6 +188,7 @@ class Guard:
         self.stdlib = os.path.dirname(os.__file__) + "/"
         self.local = _thread._local()
         self.pid = os.getpid()
+        self.main = _thread.get_ident()  # the runner's thread; any other is the tested code's
         self.seen = set()
         self.emitters = set()  # ids of the code objects allowed to report
         self.hooks = set()  # of those, the ones only pytest's hook machinery may call
@@ -252,7 +253,7 @@ class Guard:
     # ---- the hook ----
 
     def __call__(self, event, args):
-        if event not in WATCHED:
+        if event not in WATCHED and not _startswith(event, "ctypes."):
             return
         if event in REFUSED:  # even from inside the guard (a signal handler run there)
             self.refuse(event)
@@ -285,6 +286,10 @@ class Guard:
             pass
         finally:
             self.local.busy = False
+        denied = getattr(self.local, "deny", None)
+        if denied:
+            self.local.deny = None  # flagged already: stopping it keeps the tested code from more
+            raise PermissionError(f"{denied} is not allowed while the hidden tests run")
 
     def refuse(self, event):
         """Stop ``event`` (the audit hook raising aborts the call), flagging the tested code
@@ -409,7 +414,13 @@ class Guard:
             if not (_startswith(name, "<") or looked_through(name, _text(code.co_name))):
                 return None
             frame = frame.f_back
-        return None
+        return self.thread()
+
+    def thread(self):
+        """What a stack with no tested-code frame is attributed to: nothing on the runner's
+        thread; on any other, the tested code, which started it (the runner starts none), so
+        work handed to a thread pool is the tested code's like any other."""
+        return None if _thread.get_ident() == self.main else "<a thread of the tested code>"
 
     def library(self, name, function=None):
         return _startswith(name, self.stdlib) and "-packages/" not in name
@@ -429,7 +440,7 @@ class Guard:
             if _startswith(name, self.workspace) and not _startswith(name, self.tests):
                 return name
             frame = frame.f_back
-        return None
+        return self.thread()
 
     def is_protected(self, path):
         return _startswith(path + "/", self.protected)
@@ -498,10 +509,11 @@ class Guard:
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("introspection", f"{event} as library file {filename}", where)
-        elif event == "ctypes.dlopen":
+        elif _startswith(event, "ctypes."):  # loading a library, a symbol, calling, raw memory
             where = self.caller(self.library)
             if where is not None:
-                self.flag("ctypes", f"dlopen {args[0]}", where)
+                self.flag("ctypes", event, where)
+                self.local.deny = f"{event} by the tested code"
         elif event in ("os.kill", "os.killpg"):
             if args[0] in (self.pid, os.getppid(), 0, -1, os.getpgid(0)):
                 where = self.caller(self.library)
@@ -515,6 +527,8 @@ class Guard:
                 if where is not None:
                     flag = "ctypes" if top in NATIVE_MODULES else "imports_pytest"
                     self.flag(flag, module, where)
+                    if top in NATIVE_MODULES:
+                        self.local.deny = f"importing {module}"
 
 
 def _is_memory(path):

@@ -183,7 +183,7 @@ def parse_report_records(stdout: str, key: bytes,
         mac, _, body = line[len(PREFIX):].partition(" ")
         good = hashlib.blake2b(body.encode(), key=key, digest_size=16).hexdigest()
         try:
-            record = json.loads(body)
+            record = _clean(json.loads(body))
         except ValueError:
             record = None
         if (not hmac.compare_digest(mac, good) or not isinstance(record, dict)
@@ -193,6 +193,19 @@ def parse_report_records(stdout: str, key: bytes,
             continue
         records.append(record)
     return records
+
+
+def _clean(value: object) -> object:
+    """``value`` with no lone surrogate left in its strings (JSON escapes can carry one, and
+    the tested code writes the messages): a result that cannot be stored would lose the
+    episode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {str(_clean(k)): _clean(v) for k, v in value.items()}
+    return value
 
 
 def _apply(run: TestRun, record: dict[str, object], tag: str, holds: str) -> None:
