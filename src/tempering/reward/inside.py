@@ -22,6 +22,7 @@ Once configured, before any tested code runs, it:
   conftest files only from the hidden tests directory.
 """
 
+import contextlib
 import marshal
 import os
 import sys
@@ -554,9 +555,18 @@ def _line(fd):
 def main():
     runner = sys.argv[1]
     if runner == "pytest":
-        import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
+        import importlib
 
+        import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
+        from _pytest.config import default_plugins
+
+        for name in default_plugins:  # pytest.main would import them after the configuration
+            with contextlib.suppress(ImportError):
+                importlib.import_module(f"_pytest.{name}")
         _tryfirst(Report)
+    import ctypes  # noqa: F401 - for undumpable(), which then forgets it
+
+    guard_module.preseal()  # so is the slow half of sealing
     config = marshal.loads(bytes.fromhex(_line(0).decode()))  # from the host: trusted
     {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[runner](
         config, os.dup(1))

@@ -28,6 +28,7 @@ import _thread
 import os
 import sys
 from _blake2 import blake2b
+from operator import is_not
 
 PREFIX = "@@tempering"
 REPORT_EVENT = "tempering.report"
@@ -129,11 +130,29 @@ def _is_binding(value):
 
 
 class Integrity:
-    """Identities of the functions, classes and modules a set of namespaces bind, to compare."""
+    """The functions, classes and modules a set of namespaces bind, to compare by identity.
+
+    Each entry keeps the objects themselves and is compared with ``operator.is_not``, a C loop
+    that stops at the first difference (an ``==`` would ask the replacement's own ``__eq__``).
+    The *hot* entries, what decides an outcome (pytest, pluggy, the launcher, the guard,
+    ``builtins``, the import hooks, pytest's hook lists, the hidden tests' modules), are
+    checked before every outcome; all of them, the standard library too, at the end."""
+
+    HOT = ("_pytest", "pytest", "pluggy", "inside", "inside_guard", "__main__", "builtins",
+           "sys", "pytest hook", "tempering_test")
 
     def __init__(self):
-        self.entries = []  # (label, mapping, keys, ids)
+        self.entries = []  # (label, mapping, keys or None for a sequence, the objects)
+        self.hot = []
         self.seen = set()
+
+    def _entry(self, label, mapping, keys, values):
+        entry = (label, mapping, keys, values)
+        self.entries.append(entry)
+        if _startswith(label, self.HOT) or id(mapping) in self.test_namespaces:
+            self.hot.append(entry)
+
+    test_namespaces = frozenset()
 
     def add(self, label, mapping, keys=None):
         if id(mapping) in self.seen:
@@ -141,37 +160,58 @@ class Integrity:
         self.seen.add(id(mapping))
         if keys is None:
             keys = tuple(k for k, v in list(mapping.items()) if _is_binding(v))
-        self.entries.append((label, mapping, keys, tuple(map(id, map(mapping.get, keys)))))
+        self._entry(label, mapping, keys, tuple(map(mapping.get, keys)))
 
-    def add_module(self, name, module):
-        skip = VOLATILE.get(name, ())
-        if skip is None:
-            return
-        names = vars(module)
-        keys = tuple(k for k, v in list(names.items()) if _is_binding(v) and k not in skip)
-        self.add(name, names, keys)
-        for key in keys:
-            value = names[key]
-            if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                self.add(f"{name}.{key}", value.__dict__)
+    def add_module(self, name, module, hot=False):
+        label = f"tempering_test {name}" if hot else name
+        for sub, mapping, keys in _PRESEALED.get(id(module)) or _layout(name, module):
+            self.add(label + sub, mapping, keys)
 
     def add_sequence(self, label, sequence):
         """A list whose items must stay the same objects (``sys.meta_path``)."""
-        self.entries.append((label, sequence, None, tuple(map(id, sequence))))
+        self._entry(label, sequence, None, tuple(sequence))
 
-    def changed(self):
-        """What differs from when it was recorded: a list of labels."""
+    def changed(self, everything=False):
+        """What differs from when it was recorded (the hot entries, or ``everything``): a
+        list of labels."""
         out = []
-        for label, mapping, keys, ids in self.entries:
-            now = tuple(map(id, mapping)) if keys is None else tuple(
-                map(id, map(mapping.get, keys)))
-            if now != ids:
-                if keys is None:
+        for label, mapping, keys, values in self.entries if everything else self.hot:
+            if keys is None:
+                if len(mapping) != len(values) or any(map(is_not, mapping, values)):
                     out.append(label)
-                else:
-                    out += [f"{label}.{k}" for k, a, b in zip(keys, ids, now, strict=True)
-                            if a != b]
+            elif any(map(is_not, map(mapping.get, keys), values)):
+                out += [f"{label}.{k}" for k, v in zip(keys, values, strict=True)
+                        if mapping.get(k) is not v]
         return out
+
+
+def _layout(name, module):
+    """[(label suffix, namespace, keys)] of a module and the classes it defines: the slow part
+    of recording it (a predicate per entry), done once per module where it can be."""
+    skip = VOLATILE.get(name, ())
+    if skip is None:
+        return []
+    names = vars(module)
+    keys = tuple(k for k, v in list(names.items()) if _is_binding(v) and k not in skip)
+    layout = [("", names, keys)]
+    for key in keys:
+        value = names[key]
+        if isinstance(value, type) and getattr(value, "__module__", None) == name:
+            layout.append((f".{key}", value.__dict__, tuple(
+                k for k, v in list(value.__dict__.items()) if _is_binding(v))))
+    return layout
+
+
+_PRESEALED = {}  # id(module): its layout, worked out before any configuration arrived
+
+
+def preseal():
+    """Work out the layout of every module loaded now, before the configuration arrives (a
+    warm launcher, the grading zygote before it forks): sealing then only takes the objects
+    those names hold, in C loops. What later code adds under new names is not recorded."""
+    for name, module in list(sys.modules.items()):
+        if type(module) is type(sys):
+            _PRESEALED[id(module)] = _layout(name, module)
 
 
 class Guard:
@@ -334,7 +374,7 @@ class Guard:
                 self.test_globals.add(id(vars(module)))
                 self.guarded_globals.add(id(vars(module)))
                 if record["event"] == "loaded":
-                    self.integrity.add_module(str(module.__name__), module)
+                    self.integrity.add_module(str(module.__name__), module, hot=True)
             return
         if record.get("event") == "seal":
             if not self.sealed:
@@ -364,7 +404,7 @@ class Guard:
             self.flag("runner_tampered", problem, "the report")
             return
         if event in ("test", "end", "scores"):
-            for label in self.integrity.changed()[:5]:
+            for label in self.integrity.changed(everything=event != "test")[:5]:
                 self.flag("runner_tampered", f"{label} was replaced while the tests ran",
                           "the runner")
         self.write(record)
