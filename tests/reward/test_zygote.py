@@ -10,10 +10,10 @@ import secrets
 
 from tempering.reward import Grader
 from tempering.reward.grader import grading_spec
-from tempering.reward.runner import RunPlan
-from tempering.reward.zygote import ZYGOTE_DIR, Zygote
+from tempering.reward.zygote import Zygote
 from tempering.sandbox import SandboxSpec
 from tempering.tasks.humaneval import load_humaneval
+from zygote_runs import run_in_zygote
 
 PROBE = '''import os
 
@@ -31,32 +31,13 @@ def test_probe():
 '''
 
 
-async def _run(zygote: Zygote, files: dict[str, str], timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    forked = await zygote.fork()
-    try:
-        sources = {}
-        for path, text in files.items():  # the hidden tests reach the launcher, not the disk
-            hidden = path.startswith("tests/") and path.endswith(".py")
-            forked.storage.write(path, b"" if hidden else text.encode(), 0o644)
-            if hidden:
-                sources[f"/workspace/{path}"] = text.encode()
-        plan = RunPlan(["tests"], "tests", "/workspace", "", runner="plain",
-                       launcher_dir=ZYGOTE_DIR, sources=sources)
-        forked.storage.write(plan.canary_path, b"", 0o644)
-        await forked.seal("/workspace/tests")
-        report = await forked.run(plan.config, timeout, 1 << 20)
-        return plan.read(report.text), report.timed_out, report.oom_killed, report.exit_code
-    finally:
-        forked.close()
-
-
 async def test_each_grading_is_fresh_unprivileged_and_filtered() -> None:
     zygote = Zygote(grading_spec(load_humaneval()[0]))
     await zygote.start()
     try:
         seen = []
         for _ in range(2):
-            run, timed_out, oom, code = await _run(zygote, {"tests/test_probe.py": PROBE})
+            run, timed_out, oom, code = await run_in_zygote(zygote, {"tests/test_probe.py": PROBE})
             message = run.outcomes["tests/test_probe.py::test_probe"][1]
             seen.append(ast.literal_eval(message.strip().splitlines()[-1].split(": ", 1)[1]))
             assert run.finished and run.canaries == {"pass": "passed", "fail": "failed"}
@@ -78,14 +59,15 @@ async def test_limits_hold_and_a_timeout_kills_the_grading() -> None:
     await zygote.start()
     try:
         bomb = "def test_memory():\n    b = bytearray(512 << 20)\n    assert b\n"
-        run, timed_out, oom, code = await _run(zygote, {"tests/test_m.py": bomb})
+        run, timed_out, oom, code = await run_in_zygote(zygote, {"tests/test_m.py": bomb})
         assert oom and not run.finished and code != 0
         loop = "def test_loop():\n    while True:\n        pass\n"
-        run, timed_out, oom, code = await _run(zygote, {"tests/test_l.py": loop}, timeout=1.0)
+        run, timed_out, oom, code = await run_in_zygote(zygote, {"tests/test_l.py": loop},
+                                                        timeout=1.0)
         assert timed_out and not run.finished
         fill = ("def test_disk():\n    with open('/tmp/f', 'wb') as f:\n"
                 "        f.write(bytes(64 << 20))\n")
-        run, *_ = await _run(zygote, {"tests/test_d.py": fill})
+        run, *_ = await run_in_zygote(zygote, {"tests/test_d.py": fill})
         outcome, message = run.outcomes["tests/test_d.py::test_disk"]
         assert outcome == "failed" and "No space left" in message
     finally:

@@ -8,11 +8,11 @@ import ast
 import asyncio
 
 from tempering.reward.grader import grading_spec
-from tempering.reward.runner import RunPlan
-from tempering.reward.zygote import ZYGOTE_DIR, Zygote
+from tempering.reward.zygote import Zygote
 from tempering.sandbox import SandboxSpec, open_sandbox
 from tempering.sandbox.uids import uid_range
 from tempering.tasks.humaneval import load_humaneval
+from zygote_runs import run_in_zygote
 
 # Takes every inotify instance it can, holds them for {hold} s, and reports.
 HOG = '''import ctypes, os, time
@@ -41,22 +41,11 @@ def test_one():
 
 
 async def _grade(zygote: Zygote, name: str, text: str, timeout: float = 20.0) -> dict:  # type: ignore[type-arg]
-    forked = await zygote.fork()
-    try:
-        path = f"tests/test_{name}.py"  # the hidden test reaches the launcher, not the disk
-        forked.storage.write(path, b"", 0o644)
-        plan = RunPlan(["tests"], "tests", "/workspace", "", runner="plain",
-                       launcher_dir=ZYGOTE_DIR, sources={f"/workspace/{path}": text.encode()})
-        forked.storage.write(plan.canary_path, b"", 0o644)
-        await forked.seal("/workspace/tests")
-        report = await forked.run(plan.config, timeout, 1 << 20)
-        assert not report.timed_out
-        run = plan.read(report.text)
-        message = run.outcomes[f"tests/test_{name}.py::test_{name}"][1]
-        facts: dict = ast.literal_eval(message.strip().splitlines()[-1].split(": ", 1)[1])  # type: ignore[type-arg]
-        return facts
-    finally:
-        forked.close()
+    run, timed_out, _, _ = await run_in_zygote(zygote, {f"tests/test_{name}.py": text}, timeout)
+    assert not timed_out
+    message = run.outcomes[f"tests/test_{name}.py::test_{name}"][1]
+    facts: dict = ast.literal_eval(message.strip().splitlines()[-1].split(": ", 1)[1])  # type: ignore[type-arg]
+    return facts
 
 
 async def test_a_grading_cannot_take_the_zygotes_inotify_instances_from_another() -> None:
