@@ -157,20 +157,19 @@ def instrument(tree):
                    and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
                    for n in ast.walk(node))
 
-    def wrap(node, kind, expected=None):
-        if literal(node) or matcher(node):
-            return node
-        args = [node, ast.Constant(kind)]
-        if expected is not None and literal(expected):
-            args.append(ast.parse(ast.unparse(expected), mode="eval").body)  # a copy
-        call = ast.Call(func=ast.Name(PROBE, ast.Load()), args=args, keywords=[])
-        return ast.copy_location(call, node)
-
     def call(*args):
         return ast.Call(func=ast.Name(PROBE, ast.Load()), args=list(args), keywords=[])
 
     def copy(node):
         return ast.parse(ast.unparse(node), mode="eval").body
+
+    def wrap(node, kind, expected=None):
+        if literal(node) or matcher(node):
+            return node
+        args = [node, ast.Constant(kind)]
+        if expected is not None and literal(expected):
+            args.append(copy(expected))
+        return ast.copy_location(call(*args), node)
 
     sites = iter(range(1 << 30))
 
@@ -247,19 +246,25 @@ def load_hidden(path, name):
     code = hidden_code(path)
     if code is None:
         return None
+    module = type(sys)(name)
+    sys.modules[name] = module
+    _run_hidden(module, path, code)
+    return module
+
+
+def _run_hidden(module, path, code):
+    """Run a hidden file's compiled ``code`` (or raise the error compiling it raised) in
+    ``module``, which the guard watches from before its code runs to after."""
     if isinstance(code, BaseException):
         raise code
-    module = type(sys)(name)
     module.__file__ = path
     module.__dict__[PROBE] = probe
-    sys.modules[name] = module
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     if module.__dict__.get(PROBE) is not probe:
         emit("audit", flag="runner_tampered", detail=f"the probe of {path} was replaced",
              where=path)
     emit("loaded", module=module)  # and its functions, as they are now, must stay
-    return module
 
 
 class HiddenFinder:
@@ -290,14 +295,7 @@ class HiddenFinder:
         path = module.__spec__.origin
         if type(module) is not type(sys) or not isinstance(path, str):
             raise ImportError(f"not a module of the hidden tests: {module!r}")
-        code = hidden_code(path)
-        if isinstance(code, BaseException):
-            raise code
-        module.__file__ = path
-        module.__dict__[PROBE] = probe
-        emit("loading", module=module)
-        exec(code, module.__dict__)
-        emit("loaded", module=module)
+        _run_hidden(module, path, hidden_code(path))
 
 
 def prepare(config, fd, pytest_hooks=False):
@@ -307,8 +305,8 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(probe, load_hidden, HiddenFinder.find_spec, HiddenFinder.exec_module,
-                run_tests, run_plain, run_verifier)
+    guard.allow(probe, load_hidden, _run_hidden, HiddenFinder.find_spec,
+                HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
     _frameless_signals(type(guard).__call__.__code__)
