@@ -187,12 +187,9 @@ class Grader:
         sb = launcher.sb
         try:
             await tree.write_into(sb)
-            placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
-            for path, data, mode in placeholders:  # last: they win any clash
-                await sb.write_file(path, data, mode)
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
-            run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
-                                     grading.timeout_s, canary_imports(task), sources=sources)
+            run = await launcher.run(pytest_args(grading.command), task.tests,
+                                     grading.tests_dir, grading.timeout_s, canary_imports(task))
             scores: dict[str, float] = {}
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
@@ -266,12 +263,9 @@ class Grader:
             launcher = await self._fresh(grading_spec(task), grading.runner)
             try:
                 await tree.write_into(launcher.sb)
-                placeholders, sources = hidden_files(task.tests, grading.tests_dir,
-                                                     launcher.sb.spec.workdir)
-                for path, data, mode in placeholders:
-                    await launcher.sb.write_file(path, data, mode)
-                run = await launcher.run(pytest_args(grading.command), grading.tests_dir,
-                                         grading.timeout_s, sources=sources, collect_only=True)
+                run = await launcher.run(pytest_args(grading.command), task.tests,
+                                         grading.tests_dir, grading.timeout_s,
+                                         collect_only=True)
             finally:
                 await launcher.sb.close()
             if not run.collected:

@@ -83,12 +83,16 @@ class Launcher:
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         return cls(sb, command, runner)
 
-    async def run(self, args: list[str], tests_dir: str, timeout: float,
-                  canary_imports: str = "", *, sources: Mapping[str, bytes] | None = None,
-                  collect_only: bool = False) -> TestRun:
-        """Write the canaries, configure the launcher, and collect its checked report;
-        ``sources`` are the hidden tests' Python files (``hidden_files``)."""
-        plan = RunPlan(args, tests_dir, self.sb.spec.workdir, canary_imports,
+    async def run(self, args: list[str], tests: FileTree, tests_dir: str, timeout: float,
+                  canary_imports: str = "", *, collect_only: bool = False) -> TestRun:
+        """Write the hidden ``tests`` (``hidden_files``: placeholders on the disk, the Python
+        files' text for the launcher) and the canaries last, seal them, configure the
+        launcher, and collect its checked report."""
+        workdir = self.sb.spec.workdir
+        placeholders, sources = hidden_files(tests, tests_dir, workdir)
+        for path, data, mode in placeholders:  # after the workspace: they win any clash
+            await self.sb.write_file(path, data, mode)
+        plan = RunPlan(args, tests_dir, workdir, canary_imports,
                        collect_only=collect_only, runner=self.runner, sources=sources)
         await self.sb.write_file(plan.canary_path, b"")
         await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
