@@ -558,9 +558,15 @@ def main():
         import pytest  # noqa: F401 - loaded before the configuration arrives: a warm start
         from _pytest.config import default_plugins
 
-        for name in default_plugins:  # pytest.main would import them after the configuration
-            with contextlib.suppress(ImportError):
-                importlib.import_module(f"_pytest.{name}")
+        later = ["_pytest.config.compat", "_pytest._argcomplete", "faulthandler", "pdb"]
+        for name in [f"_pytest.{n}" for n in default_plugins] + later:
+            with contextlib.suppress(ImportError):  # pytest.main would import them later
+                importlib.import_module(name)
+        import inspect
+
+        # Fills inspect's cache of which file is which module: the first failure's report
+        # (the failing canary's, in every run) would otherwise work it out for every module.
+        inspect.getmodule(main.__code__)
         _tryfirst(Report)
     import ctypes  # noqa: F401 - for undumpable(), which then forgets it
 

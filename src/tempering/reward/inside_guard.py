@@ -27,8 +27,9 @@ the tested code can reach. The guard keeps what decides the report out of those 
 import _thread
 import os
 import sys
+from _bisect import bisect_right
 from _blake2 import blake2b
-from operator import is_not
+from operator import getitem, is_not, ne
 
 PREFIX = "@@tempering"
 REPORT_EVENT = "tempering.report"
@@ -46,6 +47,7 @@ FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame
 REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
                      "sys._current_frames", "sys.settrace", "sys.setprofile"})
 CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+RESUMABLE = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
 # Standard-library modules that read frames for honest reasons of their own (a logger's caller,
 # a namedtuple's or TypeVar's module, an exception's traceback to format it): a frame event
@@ -65,6 +67,7 @@ _audit = sys.audit
 _write = os.write
 _startswith = str.startswith
 _function = type(lambda: None)
+_addr = object.__hash__  # an object's address, as id() gives it, without id()'s audit event
 PLAIN = (str, int, float, bool, type(None))
 
 
@@ -124,83 +127,154 @@ def _escape(char):
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-def _is_binding(value):
-    """Whether a namespace entry is behaviour (worth guarding) rather than data."""
-    return callable(value) or type(value) in (type(sys), classmethod, staticmethod, property)
+_BINDING_KINDS = (type(sys), classmethod, staticmethod, property)  # not callable, still behaviour
+_type_dict = type.__dict__["__dict__"].__get__  # a class's namespace, asking no metaclass
+# A module's namespace, as it is: a lazy module (``py``'s) loads what it stands for when its
+# ``__dict__`` is asked for, which is not the guard's to do.
+_module_dict = type(sys).__dict__["__dict__"].__get__
+
+
+def _bindings(mapping):
+    """The keys of ``mapping`` whose values are behaviour (worth guarding) rather than data:
+    the callables, modules and descriptors (``callable`` and ``type`` run none of the values'
+    own code)."""
+    return [k for k, v in list(mapping.items())
+            if callable(v) or type(v) in _BINDING_KINDS]
+
+
+_MISSING = object()  # what a deleted key reads as: it is nothing the record holds
+
+
+def _get(mapping, key, _getitem=getitem, _missing=_MISSING):
+    try:
+        return _getitem(mapping, key)
+    except (KeyError, IndexError):
+        return _missing
 
 
 class Integrity:
     """The functions, classes and modules a set of namespaces bind, to compare by identity.
 
-    Each entry keeps the objects themselves and is compared with ``operator.is_not``, a C loop
-    that stops at the first difference (an ``==`` would ask the replacement's own ``__eq__``).
-    The *hot* entries, what decides an outcome (pytest, pluggy, the launcher, the guard,
-    ``builtins``, the import hooks, pytest's hook lists, the hidden tests' modules), are
-    checked before every outcome; all of them, the standard library too, at the end."""
+    The record is flat: every (namespace, key) pair in two lists and the object it held in a
+    third, so a check is one C loop (``operator.getitem`` then ``operator.is_not``, which
+    stops at the first difference; an ``==`` would ask the replacement's own ``__eq__``), and
+    sealing a module takes its pairs as ``preseal`` worked them out. Only when that loop finds
+    a difference does a slower walk name what changed. Sequences (``sys.meta_path``, pytest's
+    hook lists) are recorded item by item, with their lengths. The *hot* part, what decides an
+    outcome (pytest, pluggy, the launcher, the guard, ``builtins``, the import hooks, pytest's
+    hook lists, the hidden tests' modules), is checked before every outcome; all of it, the
+    standard library too, at the end."""
 
     HOT = ("_pytest", "pytest", "pluggy", "inside", "inside_guard", "__main__", "builtins",
            "sys", "pytest hook", "tempering_test")
 
     def __init__(self):
-        self.entries = []  # (label, mapping, keys or None for a sequence, the objects)
-        self.hot = []
-        self.seen = set()
+        self.seen = set()  # addresses of the namespaces recorded
+        # (namespaces, keys, objects, [(offset, label, its module's spaces)], sequences,
+        # their lengths, their labels)
+        self.all = ([], [], [], [], [], [], [])
+        self.hot = ([], [], [], [], [], [], [])
 
-    def _entry(self, label, mapping, keys, values):
-        entry = (label, mapping, keys, values)
-        self.entries.append(entry)
-        if _startswith(label, self.HOT):
-            self.hot.append(entry)
+    def add_pairs(self, label, maps, keys, values=None, spaces=()):
+        """Record ``keys`` of ``maps`` (one namespace per key) under ``label`` (and the name
+        of the class in ``spaces`` they fall in); the objects they hold now unless ``values``
+        are given."""
+        if values is None:
+            try:
+                values = list(map(getitem, maps, keys))
+            except (KeyError, IndexError):
+                values = list(map(_get, maps, keys))
+        for part in (self.all, self.hot) if _startswith(label, self.HOT) else (self.all,):
+            part[3].append((len(part[0]), label, spaces))
+            part[0].extend(maps)
+            part[1].extend(keys)
+            part[2].extend(values)
 
     def add(self, label, mapping, keys=None):
-        if id(mapping) in self.seen:
+        address = _addr(mapping)
+        if address in self.seen:
             return
-        self.seen.add(id(mapping))
+        self.seen.add(address)
         if keys is None:
-            keys = tuple(k for k, v in list(mapping.items()) if _is_binding(v))
-        self._entry(label, mapping, keys, tuple(map(mapping.get, keys)))
+            keys = _bindings(mapping)
+        else:
+            keys = [k for k in keys if k in mapping]
+        self.add_pairs(label, [mapping] * len(keys), keys)
 
-    def add_module(self, name, module, hot=False):
+    def add_module(self, name, module, hot=False, layout=None):
+        """A module's namespace and its classes' (``layout``: as ``preseal`` worked it out)."""
         label = f"tempering_test {name}" if hot else name
-        for sub, mapping, keys in _PRESEALED.get(id(module)) or _layout(name, module):
-            self.add(label + sub, mapping, keys)
+        maps, keys, spaces = layout or _layout(name, module)
+        addresses = [address for address, _, _, _ in spaces]
+        if self.seen.isdisjoint(addresses):
+            self.seen.update(addresses)
+            self.add_pairs(label, maps, keys, spaces=spaces)
+            return
+        for address, start, end, suffix in spaces:  # some recorded under another name
+            if address not in self.seen:
+                self.seen.add(address)
+                self.add_pairs(label + suffix, maps[start:end], keys[start:end])
 
     def add_sequence(self, label, sequence):
         """A list whose items must stay the same objects (``sys.meta_path``)."""
-        self._entry(label, sequence, None, tuple(sequence))
+        items = list(sequence)
+        for part in (self.all, self.hot) if _startswith(label, self.HOT) else (self.all,):
+            part[4].append(sequence)
+            part[5].append(len(items))
+            part[6].append(label)
+        self.add_pairs(label, [sequence] * len(items), list(range(len(items))), items)
 
     def changed(self, everything=False):
-        """What differs from when it was recorded (the hot entries, or ``everything``): a
-        list of labels."""
-        out = []
-        for label, mapping, keys, values in self.entries if everything else self.hot:
-            if keys is None:
-                if len(mapping) != len(values) or any(map(is_not, mapping, values)):
-                    out.append(label)
-            elif any(map(is_not, map(mapping.get, keys), values)):
-                out += [f"{label}.{k}" for k, v in zip(keys, values, strict=True)
-                        if mapping.get(k) is not v]
-        return out
+        """What differs from when it was recorded (the hot part, or ``everything``): a list
+        of labels."""
+        maps, keys, values, labels, sequences, lengths, names = (
+            self.all if everything else self.hot)
+        try:
+            moved = any(map(is_not, map(getitem, maps, keys), values)) or any(
+                map(ne, map(len, sequences), lengths))
+        except Exception:  # a key gone, a list shorter: look closer
+            moved = True
+        if not moved:
+            return []
+        out = [name for sequence, length, name in zip(sequences, lengths, names, strict=True)
+               if len(sequence) != length]
+        offsets = [offset for offset, _, _ in labels]
+        for i, now in enumerate(map(_get, maps, keys)):
+            if now is not values[i]:
+                offset, label, spaces = labels[bisect_right(offsets, i) - 1]
+                label += next((suffix for _, start, end, suffix in spaces
+                               if start <= i - offset < end), "")
+                key = keys[i]
+                out.append(label if type(key) is int else f"{label}.{key}")
+        return list(dict.fromkeys(out))
 
 
 def _layout(name, module):
-    """[(label suffix, namespace, keys)] of a module and the classes it defines: the slow part
-    of recording it (a predicate per entry), done once per module where it can be."""
+    """(namespaces, keys, [(address of a namespace, its first pair, past its last, ".Class"
+    or "")]) of a module and the classes it defines, one namespace per key: the slow part of
+    recording it (a predicate per entry), done once per module where it can be."""
     skip = VOLATILE.get(name, ())
     if skip is None:
-        return []
-    names = vars(module)
-    keys = tuple(k for k, v in list(names.items()) if _is_binding(v) and k not in skip)
-    layout = [("", names, keys)]
-    for key in keys:
-        value = names[key]
-        if isinstance(value, type) and getattr(value, "__module__", None) == name:
-            layout.append((f".{key}", value.__dict__, tuple(
-                k for k, v in list(value.__dict__.items()) if _is_binding(v))))
-    return layout
+        return [], [], []
+    names = _module_dict(module)
+    keys = [k for k in _bindings(names) if k not in skip]
+    maps, flat, spaces = [names] * len(keys), list(keys), [(_addr(names), 0, len(keys), "")]
+    seen = {_addr(names)}
+    for key, value in zip(keys, map(names.get, keys), strict=True):
+        if not isinstance(value, type):
+            continue
+        space = _type_dict(value)
+        if _text(space.get("__module__")) != name or _addr(space) in seen:
+            continue  # another module's class, or this one under a second name
+        seen.add(_addr(space))
+        own = _bindings(space)
+        spaces.append((_addr(space), len(flat), len(flat) + len(own), f".{key}"))
+        maps += [space] * len(own)
+        flat += own
+    return maps, flat, spaces
 
 
-_PRESEALED = {}  # id(module): its layout, worked out before any configuration arrived
+_PRESEALED = {}  # address of a module: (the module, its layout), from before any configuration
 
 
 def preseal():
@@ -208,8 +282,8 @@ def preseal():
     warm launcher, the grading zygote before it forks): sealing then only takes the objects
     those names hold, in C loops. What later code adds under new names is not recorded."""
     for name, module in list(sys.modules.items()):
-        if type(module) is type(sys):
-            _PRESEALED[id(module)] = _layout(name, module)
+        if issubclass(type(module), type(sys)):
+            _PRESEALED[_addr(module)] = (module, _layout(name, module))
 
 
 class Guard:
@@ -228,14 +302,15 @@ class Guard:
         self.pid = os.getpid()
         self.main = _thread.get_ident()  # the runner's thread; any other is the tested code's
         self.seen = set()
-        self.emitters = set()  # ids of the code objects allowed to report
+        self.clean = set()  # frames with none of the tested code's below them (in_stack)
+        self.emitters = set()  # addresses of the code objects allowed to report
         self.hooks = set()  # of those, the ones only pytest's hook machinery may call
         self.hook_caller = None  # pluggy's code that calls hook implementations
         self.plugin = None  # the launcher's pytest plugin, as registered
-        self.plugins = set()  # ids of pytest's plugins when the runner was sealed
-        self._codes = []  # and the objects themselves, so the ids stay theirs
+        self.plugins = set()  # addresses of pytest's plugins when the runner was sealed
+        self._codes = []  # and the objects themselves, so the addresses stay theirs
         self.integrity = Integrity()
-        self.test_globals = set()  # ids of the hidden test modules' namespaces
+        self.test_globals = set()  # addresses of the hidden test modules' namespaces
         self.guarded_globals = set()  # and of every namespace in the integrity record
         self.state = "new"  # new -> started -> collected -> ended
         self.collected = set()
@@ -254,27 +329,30 @@ class Guard:
             for function in functions:
                 code = getattr(function, "__code__", None) or function.__func__.__code__
                 self._codes.append(code)
-                self.emitters.add(id(code))
+                self.emitters.add(_addr(code))
                 if hooks:
-                    self.hooks.add(id(code))
+                    self.hooks.add(_addr(code))
                     self.hook_caller = sys.modules["pluggy._callers"]._multicall.__code__
 
-    def seal(self, extra=()):
-        """Record the integrity of every module loaded now (and ``extra`` namespaces)."""
-        workspace = self.workspace
+    def seal(self):
+        """Record the integrity of every module loaded now (as ``preseal`` laid it out, where
+        it did), ``builtins`` and the import hooks."""
+        workspace, tests = self.workspace, self.tests
         for name, module in list(sys.modules.items()):
-            where = getattr(module, "__file__", None) or ""
-            if where.startswith(workspace) and not where.startswith(self.tests):
+            if not issubclass(type(module), type(sys)):
+                continue  # an object standing in for a module: what it binds is its own
+            where = _text(_module_dict(module).get("__file__")) or ""
+            if _startswith(where, workspace) and not _startswith(where, tests):
                 continue
-            self.integrity.add_module(name, module)
-            self.guarded_globals.add(id(vars(module)))
+            known = _PRESEALED.get(_addr(module))
+            self.integrity.add_module(name, module, layout=known[1] if known is not None
+                                      and known[0] is module else None)
+            self.guarded_globals.add(_addr(_module_dict(module)))
         self.integrity.add("builtins", vars(__builtins__) if isinstance(__builtins__, type(sys))
                            else __builtins__)
         self.integrity.add("sys", vars(sys), SYS_HOOKS)
         self.integrity.add_sequence("sys.meta_path", sys.meta_path)
         self.integrity.add_sequence("sys.path_hooks", sys.path_hooks)
-        for label, mapping in extra:
-            self.integrity.add(label, mapping)
         self.sealed = True
 
     def guard_hooks(self, manager):
@@ -304,7 +382,7 @@ class Guard:
                 if frame.f_code is _REPORT_CODE:
                     frame = frame.f_back
                 code = frame.f_code if frame is not None else None
-                if id(code) in self.hooks and (
+                if _addr(code) in self.hooks and (
                         frame.f_back is None or frame.f_back.f_code is not self.hook_caller
                         or (self.plugin is not None
                             and frame.f_locals.get("self") is not self.plugin)):
@@ -316,7 +394,7 @@ class Guard:
                 self.request(args[0], code)
             elif event == "tempering.code":  # (path, box): the loader asks for a hidden file
                 path, box = _text(args[0]), args[1]
-                if id(sys._getframe(2).f_code) in self.emitters and type(box) is list:
+                if _addr(sys._getframe(2).f_code) in self.emitters and type(box) is list:
                     box.append(self.codes.get(path))
             else:
                 self.check(event, args)
@@ -362,15 +440,15 @@ class Guard:
 
     def request(self, record, code):
         """A record a harness function asks to report: checked, then written."""
-        if code is None or id(code) not in self.emitters or type(record) is not dict:
+        if code is None or _addr(code) not in self.emitters or type(record) is not dict:
             where = _text(getattr(code, "co_filename", None)) or "?"
             self.flag("forged_report", f"a report record from {where}", where)
             return
         if record.get("event") in ("loading", "loaded"):  # a hidden test module, not a line
             module = record.get("module")
             if type(module) is type(sys):
-                self.test_globals.add(id(vars(module)))
-                self.guarded_globals.add(id(vars(module)))
+                self.test_globals.add(_addr(vars(module)))
+                self.guarded_globals.add(_addr(vars(module)))
                 if record["event"] == "loaded":
                     self.integrity.add_module(str(module.__name__), module, hot=True)
             return
@@ -380,13 +458,13 @@ class Guard:
                 self.plugin = record.get("plugin")
                 manager = record.get("pluginmanager")
                 if manager is not None:
-                    self.plugins = set(map(id, manager.get_plugins()))
+                    self.plugins = set(map(_addr, manager.get_plugins()))
             return
         if record.get("event") == "hooks" and self.state == "started":
             manager = record.get("pluginmanager")
             for plugin in list(manager.get_plugins()):
                 where = getattr(plugin, "__file__", None) if type(plugin) is type(sys) else None
-                if id(plugin) not in self.plugins and not (
+                if _addr(plugin) not in self.plugins and not (
                         type(where) is str and _startswith(where, self.tests)):
                     self.flag("runner_tampered", f"a pytest plugin joined during collection: "
                               f"{type(plugin).__name__}", "the runner")
@@ -471,13 +549,24 @@ class Guard:
             _startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION))
 
     def in_stack(self):
-        """The tested code's file if its frame is anywhere on the stack."""
-        frame = sys._getframe(3)
-        while frame is not None:
-            name = _text(frame.f_code.co_filename) or ""
+        """The tested code's file if its frame is anywhere on the stack.
+
+        A frame walked to the bottom without meeting the tested code's is remembered, and a
+        later walk that reaches it stops there: a running frame's callers cannot change, and
+        it never runs again once it returned. A generator's or coroutine's frame runs again
+        under whoever resumes it, so none is remembered."""
+        frame, walked, clean = sys._getframe(3), [], self.clean
+        while frame is not None and frame not in clean:
+            code = frame.f_code
+            name = _text(code.co_filename) or ""
             if _startswith(name, self.workspace) and not _startswith(name, self.tests):
                 return name
+            if not code.co_flags & RESUMABLE:
+                walked.append(frame)
             frame = frame.f_back
+        if len(clean) > 4096:  # they keep their frames alive: a bound
+            clean.clear()
+        clean.update(walked)
         return self.thread()
 
     def is_protected(self, path):
@@ -516,7 +605,7 @@ class Guard:
                 if where is not None:
                     self.flag("introspection", f"frame attribute {args[1]}", where)
             elif (name in CODE_ATTRS and type(args[0]) is _function
-                  and id(args[0].__globals__) in self.test_globals):
+                  and _addr(args[0].__globals__) in self.test_globals):
                 where = self.in_stack()
                 if where is not None:
                     self.flag("read_tests", f"the code of test {_text(args[0].__qualname__)}",
@@ -524,7 +613,7 @@ class Guard:
         elif event == "object.__setattr__":
             name = _text(args[1])
             if (name in CODE_ATTRS and type(args[0]) is _function
-                    and id(args[0].__globals__) in self.guarded_globals):
+                    and _addr(args[0].__globals__) in self.guarded_globals):
                 where = self.in_stack()
                 if where is not None:
                     self.flag("runner_tampered", f"replaced the {name} of {args[0]!r}"[:200],
