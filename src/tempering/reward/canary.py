@@ -17,7 +17,9 @@ sets the canaries apart that tampering could key on:
 from __future__ import annotations
 
 import ast
+import hashlib
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,34 +35,58 @@ class Canaries:
     breaks: str  # the test that must fail
 
 
+# What a mutant's text holds in place of its test's new name and of its changed literal: random
+# per process, so no hidden test's own text can hold them.
+_NAME = f"_tempering_name_{secrets.token_hex(8)}"
+_LITERAL = f"_tempering_literal_{secrets.token_hex(8)}"
+_PLANS_KEPT = 1024
+
+
+@dataclass(frozen=True)
+class _Mutant:
+    base: str  # the hidden file it is made from, relative to the workdir, without ".py"
+    test: str  # the hidden test it is a mutant of
+    template: str  # the file with the other tests left out, ``_NAME`` and ``_LITERAL`` in it
+    literal: object  # the expected value it changes
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every set of canaries for one suite is drawn from: worked out once per suite (the
+    parsing and rewriting), so a grading only draws names and values."""
+
+    bases: list[str]  # the hidden test files, relative to the workdir, without ".py"
+    names: list[str]  # the hidden tests' names
+    mutants: list[_Mutant]
+    taken: frozenset[str]  # every hidden file's path, relative to the workdir
+
+
+_plans: OrderedDict[bytes, _Plan] = OrderedDict()
+
+
 def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: str) -> Canaries:
     """Canaries for hidden tests whose Python files are ``sources`` (by absolute path)."""
     rng = secrets.SystemRandom()
-    prefix = f"{workdir}/{tests_dir}/"
-    files = sorted(p for p in sources if p.startswith(prefix)
-                   and p.rsplit("/", 1)[-1].startswith("test_") and p.endswith(".py"))
-    trees = {p: tree for p in files if (tree := _parse(sources[p])) is not None}
-    names = sorted({n.name for tree in trees.values() for n in tree.body
-                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-                    and n.name.startswith("test")})
-    mutants = [(p, m) for p, tree in trees.items() for m in _mutants(tree)]
-    base = rng.choice(files)[len(workdir) + 1:-3] if files else f"{tests_dir}/test_checks"
-    if mutants:  # beside the file the mutant comes from
-        base = rng.choice(mutants)[0][len(workdir) + 1:-3]
-    taken = {p[len(workdir) + 1:] for p in sources}
+    plan = _plan(sources, workdir, tests_dir)
+    base = rng.choice(plan.bases) if plan.bases else f"{tests_dir}/test_checks"
+    if plan.mutants:  # beside the file the mutant comes from
+        base = rng.choice(plan.mutants).base
     path = f"{base}_{rng.choice(WORDS)}.py"
-    while path in taken:
+    while path in plan.taken:
         path = f"{base}_{rng.choice(WORDS)}_{secrets.token_hex(2)}.py"
-    mutants = [(p, m) for p, m in mutants if p[len(workdir) + 1:-3] == base]
+    mutants = [m for m in plan.mutants if m.base == base]
+    names = plan.names
     holds = f"{rng.choice(names) if names else 'test_holds'}_{rng.choice(WORDS)}"
     a = secrets.randbelow(1 << 30)
     holding = f"def {holds}():\n    assert {a} == {a}\n"
     if mutants:
-        original, build = rng.choice(mutants)[1]
-        breaks = f"{original}_{rng.choice(WORDS)}"
+        mutant = rng.choice(mutants)
+        breaks = f"{mutant.test}_{rng.choice(WORDS)}"
         while breaks == holds:
             breaks = f"{breaks}_{rng.choice(WORDS)}"
-        return Canaries(path, f"{build(breaks, rng)}\n\n\n{holding}", holds, breaks)
+        text = mutant.template.replace(_NAME, breaks).replace(
+            _LITERAL, repr(_changed(mutant.literal, rng)))
+        return Canaries(path, f"{text}\n\n\n{holding}", holds, breaks)
     breaks = f"{rng.choice(names) if names else 'test_breaks'}_{rng.choice(WORDS)}"
     while breaks == holds:
         breaks = f"{breaks}_{rng.choice(WORDS)}"
@@ -68,6 +94,36 @@ def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: st
     breaking = f"def {breaks}():\n    assert {a} == {b}\n"
     first, second = (holding, breaking) if rng.random() < 0.5 else (breaking, holding)
     return Canaries(path, f"{imports}\n\n{first}\n\n{second}", holds, breaks)
+
+
+def _plan(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Plan:
+    """The suite's plan, from the cache (by the suite's digest) or worked out now."""
+    digest = hashlib.blake2b(f"{workdir}\0{tests_dir}".encode(), digest_size=16)
+    for path in sorted(sources):
+        digest.update(b"\0%d\0%s\0" % (len(path), path.encode()))
+        digest.update(hashlib.blake2b(sources[path], digest_size=16).digest())
+    key = digest.digest()
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _work_out(sources, workdir, tests_dir)
+        while len(_plans) > _PLANS_KEPT:
+            _plans.popitem(last=False)
+    _plans.move_to_end(key)
+    return plan
+
+
+def _work_out(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Plan:
+    prefix = f"{workdir}/{tests_dir}/"
+    files = sorted(p for p in sources if p.startswith(prefix)
+                   and p.rsplit("/", 1)[-1].startswith("test_") and p.endswith(".py"))
+    trees = {p: tree for p in files if (tree := _parse(sources[p])) is not None}
+    names = sorted({n.name for tree in trees.values() for n in tree.body
+                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and n.name.startswith("test")})
+    mutants = [_Mutant(p[len(workdir) + 1:-3], test, template, literal)
+               for p, tree in trees.items() for test, template, literal in _mutants(tree)]
+    return _Plan([p[len(workdir) + 1:-3] for p in files], names, mutants,
+                 frozenset(p[len(workdir) + 1:] for p in sources))
 
 
 def _parse(source: bytes) -> ast.Module | None:
@@ -85,74 +141,76 @@ def _first(body: list[ast.stmt]) -> ast.stmt | None:
     return None
 
 
-def _mutable(stmt: ast.stmt | None) -> bool:
-    """An ``assert X == literal`` (either side) whose literal can be changed."""
+def _expected(stmt: ast.stmt | None) -> tuple[int, object] | None:
+    """For an ``assert X == literal`` (either side) whose literal can be changed: which side
+    (1, the right, where both are) and the literal's value."""
     if not (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
             and len(stmt.test.ops) == 1 and isinstance(stmt.test.ops[0], ast.Eq)):
-        return False
-    return any(_changed(side, secrets.SystemRandom()) is not None
-               for side in (stmt.test.left, stmt.test.comparators[0]))
-
-
-def _changed(node: ast.expr, rng: secrets.SystemRandom) -> ast.expr | None:
-    """``node`` (a literal) changed into another literal of the same kind, or None."""
-    try:
-        value = ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
+    for side, node in ((1, stmt.test.comparators[0]), (0, stmt.test.left)):
+        try:
+            value = ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if _changed(value, secrets.SystemRandom()) is not None:
+            return side, value
+    return None
+
+
+def _changed(value: object, rng: secrets.SystemRandom) -> object | None:
+    """A literal of the same kind as ``value`` that differs from it, or None."""
     if isinstance(value, bool):
-        new: object = not value
-    elif isinstance(value, int):
-        new = value + rng.randint(1, 9)
-    elif isinstance(value, float):
-        new = value + 1.0 + abs(value)
-    elif isinstance(value, str):
-        new = value + rng.choice("abcdefghijklmnopqrstuvwxyz")
-    elif isinstance(value, list | tuple) and value:
-        new = type(value)([*value, value[-1]])
-    else:
-        return None
-    return ast.parse(repr(new), mode="eval").body
+        return not value
+    if isinstance(value, int):
+        return value + rng.randint(1, 9)
+    if isinstance(value, float):
+        return value + 1.0 + abs(value)
+    if isinstance(value, str):
+        return value + rng.choice("abcdefghijklmnopqrstuvwxyz")
+    if isinstance(value, list | tuple) and value:
+        return type(value)([*value, value[-1]])
+    return None
 
 
-def _mutants(tree: ast.Module):  # type: ignore[no-untyped-def]
-    """(test name, builder of a mutant module) for each test whose first statement (or whose
-    helper's first statement) is a mutable assertion."""
+def _mutants(tree: ast.Module) -> list[tuple[str, str, object]]:
+    """(test name, mutant template, the literal it changes) for each test whose first
+    statement (or whose helper's first statement) is a mutable assertion."""
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    found = []
     for test in [n for n in tree.body if isinstance(n, ast.FunctionDef)
                  and n.name.startswith("test") and not n.decorator_list and not n.args.args]:
         first = _first(test.body)
-        if _mutable(first):
-            yield test.name, _builder(tree, test.name, test.name)
-        elif (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
-              and isinstance(first.value.func, ast.Name) and first.value.func.id in functions
-              and _mutable(_first(functions[first.value.func.id].body))):
-            yield test.name, _builder(tree, test.name, first.value.func.id)
+        holder = test.name
+        if (_expected(first) is None and isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Call) and isinstance(first.value.func, ast.Name)
+                and first.value.func.id in functions):
+            holder = first.value.func.id
+        expected = _expected(_first(functions[holder].body))
+        if expected is not None:
+            found.append((test.name, _template(tree, test.name, holder, expected[0]),
+                          expected[1]))
+    return found
 
 
-def _builder(tree: ast.Module, test: str, holder: str):  # type: ignore[no-untyped-def]
-    def build(name: str, rng: secrets.SystemRandom) -> str:
-        module = ast.parse(ast.unparse(tree))  # a copy
-        body = []
-        for node in module.body:
-            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                    and node.name.lower().startswith("test") and node.name != test):
-                continue  # the other tests: only the mutant runs
-            if isinstance(node, ast.FunctionDef) and node.name == holder:
-                stmt = _first(node.body)
-                assert isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
-                sides = [stmt.test.left, stmt.test.comparators[0]]
-                index = next(i for i in (1, 0) if _changed(sides[i], rng) is not None)
-                changed = _changed(sides[index], rng)
-                assert changed is not None
-                if index:
-                    stmt.test.comparators = [changed]
-                else:
-                    stmt.test.left = changed
-            if isinstance(node, ast.FunctionDef) and node.name == test:
-                node.name = name
-            body.append(node)
-        module.body = body
-        return ast.unparse(ast.fix_missing_locations(module))
-
-    return build
+def _template(tree: ast.Module, test: str, holder: str, side: int) -> str:
+    """The module with only ``test`` of its tests, renamed ``_NAME``, and the literal on
+    ``side`` of the first assertion of ``holder`` (the test or its helper) as ``_LITERAL``."""
+    module = ast.parse(ast.unparse(tree))  # a copy
+    body = []
+    for node in module.body:
+        if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and node.name.lower().startswith("test") and node.name != test):
+            continue  # the other tests: only the mutant runs
+        if isinstance(node, ast.FunctionDef) and node.name == holder:
+            stmt = _first(node.body)
+            assert isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
+            placeholder = ast.Name(_LITERAL, ast.Load())
+            if side:
+                stmt.test.comparators = [placeholder]
+            else:
+                stmt.test.left = placeholder
+        if isinstance(node, ast.FunctionDef) and node.name == test:
+            node.name = _NAME
+        body.append(node)
+    module.body = body
+    return ast.unparse(ast.fix_missing_locations(module))
