@@ -20,12 +20,21 @@ from __future__ import annotations
 import ast
 import asyncio
 import time
+from collections import OrderedDict
+from importlib.util import MAGIC_NUMBER
 from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
 from tempering.reward.result import TAMPER, RewardResult, TestResult
-from tempering.reward.runner import Launcher, RunPlan, TestRun, hidden_files, pytest_args
+from tempering.reward.runner import (
+    Launcher,
+    RunPlan,
+    TestRun,
+    compile_sources,
+    hidden_files,
+    pytest_args,
+)
 from tempering.reward.static import analyse, lint
 from tempering.reward.tamper import screen
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
@@ -36,6 +45,7 @@ from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.task import Task
 
 GRADING_OUTPUT_LIMIT = 8 << 20
+KEPT = 1024  # tasks whose canary imports and compiled tests are remembered
 
 
 def grading_spec(task: Task) -> SandboxSpec:
@@ -206,19 +216,27 @@ class Grader:
         the same checks, without a new interpreter per grading."""
         grading = task.config.grading
         try:
-            forked = await (await self._zygote(spec)).fork()
+            zygote = await self._zygote(spec)
+            forked = await zygote.fork()
         except SandboxStartError:  # it died (killed, OOM): start another, once
-            forked = await (await self._zygote(spec, replace=True)).fork()
+            zygote = await self._zygote(spec, replace=True)
+            forked = await zygote.fork()
         try:
             placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
                            canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
                            sources=sources)
+            if zygote.magic == MAGIC_NUMBER:  # it reads this interpreter's bytecode
+                plan.precompile(compiled_tests(task, spec.workdir, sources))
             files = [(p, tree[p], tree.mode(p)) for p in tree]
             files += placeholders  # last: the hidden tests win any clash
             files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
-            await forked.seal(f"{spec.workdir.rstrip('/')}/{grading.tests_dir}")
+            # The hidden Python files are placeholders, read by nobody, and the plain runner
+            # lists the tests before any tested code runs: only data files need sealing.
+            data = any(not path.endswith(".py") for path in task.tests)
+            await forked.seal(f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if data
+                              else None)
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
             run = plan.read(report.text)
             run.timed_out, run.oom = report.timed_out, report.oom_killed
@@ -281,8 +299,36 @@ def _write_all(storage: Storage, files: list[tuple[str, bytes, int]]) -> None:
         storage.write(path, data, mode)
 
 
+_imports: OrderedDict[str, str] = OrderedDict()  # by task digest
+_compiled: OrderedDict[tuple[str, str], dict[str, bytes]] = OrderedDict()  # by digest, workdir
+
+
+def compiled_tests(task: Task, workdir: str, sources: dict[str, bytes]) -> dict[str, bytes]:
+    """The task's hidden Python files (``sources``), compiled here for the zygote, once per
+    task."""
+    key = (task.digest, workdir)
+    found = _compiled.get(key)
+    if found is None:
+        found = _compiled[key] = compile_sources(sources)
+        while len(_compiled) > KEPT:
+            _compiled.popitem(last=False)
+    _compiled.move_to_end(key)
+    return found
+
+
 def canary_imports(task: Task) -> str:
-    """The hidden tests' top-level imports, each guarded, for the canary file to repeat."""
+    """The hidden tests' top-level imports, each guarded, for the canary file to repeat
+    (worked out once per task)."""
+    found = _imports.get(task.digest)
+    if found is None:
+        found = _imports[task.digest] = _canary_imports(task)
+        while len(_imports) > KEPT:
+            _imports.popitem(last=False)
+    _imports.move_to_end(task.digest)
+    return found
+
+
+def _canary_imports(task: Task) -> str:
     lines: dict[str, None] = {}
     for path in task.tests:
         if not path.endswith(".py"):

@@ -28,19 +28,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import inside_guard as guard_module  # noqa: E402 - from the launcher's own read-only directory
+import inside_compile as compiling  # noqa: E402 - from the launcher's own read-only directory
+import inside_guard as guard_module  # noqa: E402
 
 del sys.path[0]
 emit = guard_module.report
 hidden_code = guard_module.hidden_code
-EQUALITY_CALLS = frozenset({
-    "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
-    "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertCountEqual",
-    "assertIn", "assert_equal", "assert_array_equal"})
-COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
-               "GtE": "order"}
-PROBE = "__tempering_probe__"
-MATCHERS = frozenset({"ANY", "approx"})
+PROBE = compiling.PROBE
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -137,109 +131,6 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
     return value
 
 
-def instrument(tree):
-    """Wrap each asserted comparison's non-literal operands in the probe (with the literal
-    they are compared with, if any) and probe again after the assertion; the same for the
-    compared arguments of unittest's and numpy's equality assertions (in place)."""
-    import ast
-
-    def literal(node):
-        try:
-            ast.literal_eval(node)
-            return True
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return False
-
-    def matcher(node):
-        """An operand that builds on a matcher meant to equal many values (``mock.ANY``,
-        ``pytest.approx``): the test's own expectation, never the tested code's result."""
-        return any(isinstance(n, ast.Name | ast.Attribute)
-                   and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
-                   for n in ast.walk(node))
-
-    def call(*args):
-        return ast.Call(func=ast.Name(PROBE, ast.Load()), args=list(args), keywords=[])
-
-    def copy(node):
-        return ast.parse(ast.unparse(node), mode="eval").body
-
-    def wrap(node, kind, expected=None):
-        if literal(node) or matcher(node):
-            return node
-        args = [node, ast.Constant(kind)]
-        if expected is not None and literal(expected):
-            args.append(copy(expected))
-        return ast.copy_location(call(*args), node)
-
-    sites = iter(range(1 << 30))
-
-    class Probes(ast.NodeTransformer):
-        def visit_Call(self, node):
-            self.generic_visit(node)
-            name = getattr(node.func, "attr", getattr(node.func, "id", None))
-            if name in EQUALITY_CALLS and len(node.args) >= 2:
-                first, second = node.args[:2]
-                node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
-            return node
-
-        def visit_Assert(self, node):
-            self.generic_visit(node)
-            test = node.test
-            if not isinstance(test, ast.Compare) or len(test.ops) != 1:
-                return node
-            kind = COMPARE_OPS.get(type(test.ops[0]).__name__)
-            if kind is None:
-                return node
-            left, right = test.left, test.comparators[0]
-            equal = type(test.ops[0]).__name__ == "Eq"
-            for side, other in ((0, right), (1, left)) if equal else ():
-                operand = (left, right)[side]
-                if literal(other) and not literal(operand) and not matcher(operand):
-                    # v = probe(x, "eq", 2); assert v == 2; probe(v, "after", 2): the value
-                    # in a local of the test's own, asked again once the assertion held
-                    name = f"_tempering_v{next(sites)}"
-                    held = ast.Assign(targets=[ast.Name(name, ast.Store())],
-                                      value=call(operand, ast.Constant("eq"), copy(other)))
-                    use = ast.Name(name, ast.Load())
-                    if side == 0:
-                        test.left = use
-                    else:
-                        test.comparators = [use]
-                    after = ast.Expr(call(ast.Name(name, ast.Load()), ast.Constant("after"),
-                                          copy(other)))
-                    return [ast.copy_location(held, node), node, ast.copy_location(after, node)]
-            test.left = wrap(left, kind)
-            if kind != "eq" or equal:
-                test.comparators = [wrap(right, kind)]
-            return node
-
-    tree = Probes().visit(tree)
-    ast.fix_missing_locations(tree)
-    return tree
-
-
-def compile_hidden(sources, rewrite):
-    """Every hidden Python file, compiled now, before any tested code exists: instrumented
-    with the probe and, under pytest, with pytest's assertion rewriting. Nothing of the hidden
-    tests is parsed or transformed once the tested code runs (it could patch the parser or the
-    transformer and watch the source go by). A file that does not compile keeps its error,
-    raised when it is imported, as the interpreter would."""
-    import ast
-
-    if rewrite:
-        from _pytest.assertion.rewrite import rewrite_asserts
-    codes = {}
-    for path, source in sources.items():
-        try:
-            tree = instrument(ast.parse(source, filename=path))
-            if rewrite:
-                rewrite_asserts(tree, source, path, None)
-            codes[path] = compile(tree, path, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-            codes[path] = exc
-    return codes
-
-
 def load_hidden(path, name):
     """The hidden module at ``path``, run from its code compiled ahead (None if there is no
     such hidden file)."""
@@ -301,7 +192,9 @@ class HiddenFinder:
 def prepare(config, fd, pytest_hooks=False):
     """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
     workspace, tests = config["workspace"], config["tests"]
-    codes = compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks)
+    codes = compiling.compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks)
+    codes.update((path, marshal.loads(code))  # compiled by the host, for this interpreter
+                 for path, code in config.pop("compiled", {}).items())
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes

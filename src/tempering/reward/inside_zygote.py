@@ -26,6 +26,8 @@ import ast  # noqa: F401 - the launcher compiles the hidden tests with it
 import collections  # noqa: F401
 import ctypes
 import functools  # noqa: F401
+import gc
+import importlib.util
 import itertools  # noqa: F401
 import marshal
 import math  # noqa: F401
@@ -87,7 +89,8 @@ def seal(status, workdir):
     """Once the host has written the files, make the directory it names read-only for the
     grading (a bind of itself, remounted read-only: the grading, in a user namespace of its
     own without capabilities, cannot undo it), so nothing the tested code starts can change
-    the hidden tests' data files. Answers ``sealed`` (or the error) on the status socket."""
+    the hidden tests' data files. Answers ``sealed`` (or the error) on the status socket; to
+    anything else (``none``: nothing to seal) it answers nothing."""
     message = status.recv(4096)
     if not message.startswith(b"seal "):
         return
@@ -113,15 +116,26 @@ USER_COUNTERS = (("max_inotify_instances", "fs/inotify/max_user_instances"),
                  ("max_fanotify_marks", "fs/fanotify/max_user_marks"))
 
 
-def limit_user_counters():
-    """Bound this grading's share of its uid's counters: the ucount limits of its own user
-    namespace (writable while it holds CAP_SYS_RESOURCE there), and the per-user rlimits."""
+def counter_shares():
+    """[(this user namespace's limit, the share to set it to)] of each per-user counter the
+    kernel has: read once, in the zygote, for every grading."""
+    shares = []
     for own, host_limit in USER_COUNTERS:
         try:
             with open(f"/proc/sys/{host_limit}") as f:
-                share = max(int(f.read()) // SHARES, 1)
+                shares.append((own, max(int(f.read()) // SHARES, 1)))
         except OSError:  # the kernel has no such counter
             continue
+    return shares
+
+
+SHARE_OF = []  # counter_shares(), once the zygote started
+
+
+def limit_user_counters():
+    """Bound this grading's share of its uid's counters: the ucount limits of its own user
+    namespace (writable while it holds CAP_SYS_RESOURCE there), and the per-user rlimits."""
+    for own, share in SHARE_OF:
         with open(f"/proc/sys/user/{own}", "w") as f:
             f.write(str(share))
     # At least one message queue of the default size (10 messages of 8 KiB) each.
@@ -222,8 +236,13 @@ def main():
     control = socket.socket(fileno=int(sys.argv[1]))
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
+    SHARE_OF.extend(counter_shares())
     inside.guard_module.preseal()  # once, for every grading forked from here
-    control.send(b"ready")
+    # What is loaded now is never garbage: left to the collector, each grading's first
+    # collection would walk (and, copy-on-write, copy) the whole inherited heap.
+    gc.collect()
+    gc.freeze()
+    control.send(b"ready " + importlib.util.MAGIC_NUMBER.hex().encode())  # whose bytecode
     serve(control, seccomp)
 
 

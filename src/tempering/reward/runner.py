@@ -15,16 +15,22 @@ in its configuration, which only its guard holds (``hidden_files``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import marshal
+import py_compile
 import secrets
+import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 from tempering.reward import canary
+from tempering.reward.inside_compile import compile_hidden
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
 from tempering.tasks.files import FileTree
@@ -34,7 +40,7 @@ __all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_
            "pytest_args"]
 
 LAUNCHER_DIR = "/tmp/.tempering"
-LAUNCHER_FILES = ("inside.py", "inside_guard.py")
+LAUNCHER_FILES = ("inside.py", "inside_compile.py", "inside_guard.py")
 PREFIX = "@@tempering "
 INI = """[pytest]
 addopts =
@@ -74,11 +80,11 @@ class Launcher:
     @classmethod
     async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
         """Start the launcher for ``runner`` (``pytest`` or ``plain``) in ``sb``."""
-        package = resources.files("tempering.reward")
-        for name in LAUNCHER_FILES:
-            await sb.write_file(f"{LAUNCHER_DIR}/{name}", package.joinpath(name).read_bytes())
+        for name, data in launcher_files(LAUNCHER_FILES).items():
+            await sb.write_file(f"{LAUNCHER_DIR}/{name}", data)
         await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
-        command = await sb.start(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", runner],
+        command = await sb.start(["python3", "-I", "-B", "-c", run_module(LAUNCHER_DIR, "inside"),
+                                  runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         return cls(sb, command, runner)
@@ -106,6 +112,35 @@ class Launcher:
         return run
 
 
+def run_module(directory: str, name: str) -> str:
+    """``python3 -c`` code that runs module ``name``'s ``main()`` from ``directory`` (a module,
+    unlike a script, is loaded from its cached bytecode), leaving ``sys.path`` as it was."""
+    return (f"import sys; sys.path.insert(0, {directory!r}); import {name}; del sys.path[0]; "
+            f"{name}.main()")
+
+
+@functools.cache
+def launcher_files(names: tuple[str, ...]) -> dict[str, bytes]:
+    """The launcher's modules ``names`` and their bytecode compiled here, for the grading
+    interpreter to load instead of compiling them on every start: under
+    ``__pycache__/NAME.<this interpreter's cache tag>.pyc``, which an interpreter of another
+    version never reads, and checked against the source's hash when it is read."""
+    package = resources.files("tempering.reward")
+    files = {name: package.joinpath(name).read_bytes() for name in names}
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return files
+    with tempfile.TemporaryDirectory(prefix="tempering-pyc-") as tmp:
+        for name, data in list(files.items()):
+            source = Path(tmp, name)
+            source.write_bytes(data)
+            cached = Path(tmp, f"{name[:-3]}.pyc")
+            py_compile.compile(str(source), cfile=str(cached), doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            files[f"__pycache__/{name[:-3]}.{tag}.pyc"] = cached.read_bytes()
+    return files
+
+
 class RunPlan:
     """One test run's secrets and canaries (``canary.py``), and how to read its report."""
 
@@ -120,6 +155,7 @@ class RunPlan:
         self.canary_path, self.canary_text, self.holds = chosen.path, chosen.text, chosen.holds
         self.tag = self.canary_path  # how the canaries' ids are told from the hidden tests'
         sources[f"{workdir}/{self.canary_path}"] = self.canary_text.encode()
+        self.sources = sources
         paths = [a for a in args if not a.startswith("-")]
         covered = any(tests_dir == p.rstrip("/") or tests_dir.startswith(p.rstrip("/") + "/")
                       or p in (".", "./") for p in paths)
@@ -130,6 +166,18 @@ class RunPlan:
             "args": [*args, "--collect-only"] if collect_only and runner == "pytest" else args,
             "canaries": [] if covered and paths else [self.canary_path],
             "collect_only": collect_only, "sources": sources}
+
+    def precompile(self, compiled: Mapping[str, bytes]) -> None:
+        """Give the launcher the hidden files as code compiled here (``compiled``: the task's,
+        by path, as marshal data; the canary is compiled now), for a grading interpreter that
+        reads this one's bytecode: it loads them instead of compiling them. A file that does
+        not compile is left as text, for the launcher to raise its error where it is imported."""
+        sources = dict(self.sources)
+        codes = {path: compiled[path] for path in sources if path in compiled}
+        rest = {path: text for path, text in sources.items() if path not in codes}
+        codes.update(compile_sources(rest))
+        self.config["compiled"] = codes
+        self.config["sources"] = {p: t for p, t in sources.items() if p not in codes}
 
     def read(self, stdout: str) -> TestRun:
         run = parse_report(stdout, self.key, self.tag, self.holds)
@@ -152,6 +200,14 @@ def hidden_files(tests: FileTree, tests_dir: str,
         else:
             files.append((rel, tests[path], tests.mode(path)))
     return files, sources
+
+
+def compile_sources(sources: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The hidden Python files that compile, compiled as the plain runner's launcher would
+    (``inside_compile.py``), as marshal data by path."""
+    return {path: marshal.dumps(code)  # type: ignore[arg-type]  # a code object
+            for path, code in compile_hidden(dict(sources), rewrite=False).items()
+            if not isinstance(code, BaseException)}
 
 
 def _human_log(stdout: str, tag: str) -> str:

@@ -23,10 +23,10 @@ import socket
 import struct
 import subprocess
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from tempering.errors import SandboxStartError
+from tempering.reward.runner import LAUNCHER_FILES, launcher_files, run_module
 from tempering.sandbox import cgroup
 from tempering.sandbox.files import Storage
 from tempering.sandbox.host import host, spawner
@@ -42,9 +42,7 @@ ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the zygote, read-only in t
 def _bundle() -> Path:
     """The launcher and the zygote, plus the init's seccomp program, in a directory the sandbox
     user can read (named by their digest)."""
-    package = resources.files("tempering.reward")
-    files = {name: package.joinpath(name).read_bytes()
-             for name in ("inside.py", "inside_guard.py", "inside_zygote.py")}
+    files = dict(launcher_files((*LAUNCHER_FILES, "inside_zygote.py")))
     seccomp = subprocess.run([host().init, "--seccomp-filter"], capture_output=True,
                              check=True).stdout
     files["seccomp.bpf"] = seccomp
@@ -52,7 +50,8 @@ def _bundle() -> Path:
     dest = home() / "zygote" / digest
     if not dest.exists():
         tmp = dest.with_name(f".tmp-{secrets.token_hex(4)}")
-        tmp.mkdir(parents=True, mode=0o755)
+        (tmp / "__pycache__").mkdir(parents=True, mode=0o755)
+        os.chmod(tmp, 0o755)
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         os.chmod(dest.parent, 0o755)
@@ -122,10 +121,14 @@ class Forked:
         text = received.decode("utf-8", errors="replace")
         return Report(text, timed_out, oom, code, truncated)
 
-    async def seal(self, path: str) -> None:
+    async def seal(self, path: str | None) -> None:
         """Make ``path`` (the hidden tests' directory, absolute in the sandbox) read-only for
-        the grading, after the files are written and before the configuration is sent."""
+        the grading, after the files are written and before the configuration is sent; or,
+        with None, tell the zygote there is nothing to seal."""
         loop = asyncio.get_running_loop()
+        if path is None:
+            await loop.sock_sendall(self.status, b"none")
+            return
         await loop.sock_sendall(self.status, b"seal " + path.encode())
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
@@ -159,6 +162,7 @@ class Zygote:
         self._group = cgroup.SandboxCgroup(host().hierarchy, host().tag,
                                            f"zyg-{secrets.token_hex(6)}")
         self._lock = asyncio.Lock()
+        self.magic = b""  # its interpreter's bytecode magic number, told when it started
         # A host uid of its own (no other sandbox's or zygote's), shared by its gradings.
         self._uid: UidLease | None = None
 
@@ -169,8 +173,9 @@ class Zygote:
         info_r, info_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         args = bwrap_argv(self.spec, ["--ro-bind", str(bundle), ZYGOTE_DIR],
-                          ["/usr/bin/python3", "-I", "-B", f"{ZYGOTE_DIR}/inside_zygote.py",
-                           "3", f"{ZYGOTE_DIR}/seccomp.bpf"])
+                          ["/usr/bin/python3", "-I", "-B", "-c",
+                           run_module(ZYGOTE_DIR, "inside_zygote"), "3",
+                           f"{ZYGOTE_DIR}/seccomp.bpf"])
         try:
             started, self._exit = spawner().request(
                 args, [devnull, devnull, devnull, theirs.fileno(), info_w], self._uid.uid,
@@ -187,8 +192,10 @@ class Zygote:
                 self._pid = await read_child_pid(info_r)
                 self._group.create(memory_mb=1024, pids=4096, cpus=self.spec.cpus)
                 self._group.attach(self._pid)
-                if await asyncio.get_running_loop().sock_recv(ours, 64) != b"ready":
+                ready = await asyncio.get_running_loop().sock_recv(ours, 64)
+                if not ready.startswith(b"ready "):
                     raise SandboxStartError("the grading zygote did not start")
+                self.magic = bytes.fromhex(ready[6:].decode())
         except (OSError, TimeoutError) as exc:
             raise SandboxStartError(f"the grading zygote did not start: {exc}") from None
         finally:

@@ -1,0 +1,150 @@
+"""Compiling the hidden tests for the launcher (``inside.py``): stdlib (and pytest) only.
+
+Every hidden Python file is compiled before any tested code exists, each asserted comparison's
+operands wrapped in the launcher's probe (``inside.probe``, bound in each hidden module under
+``PROBE``) and, under pytest, rewritten by pytest's assertion rewriting. The grader runs the
+same code on the host when the grading interpreter reads the host's bytecode (the zygote's,
+``zygote.py``): the launcher then only loads the code, and a task's hidden files are
+compiled once, not once per grading.
+"""
+
+EQUALITY_CALLS = frozenset({
+    "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
+    "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertCountEqual",
+    "assertIn", "assert_equal", "assert_array_equal"})
+COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
+               "GtE": "order"}
+PROBE = "__tempering_probe__"
+MATCHERS = frozenset({"ANY", "approx"})
+
+
+def instrument(tree, calls=True):
+    """Wrap each asserted comparison's non-literal operands in the probe (with the literal
+    they are compared with, if any) and probe again after the assertion; with ``calls``, the
+    same for the compared arguments of unittest's and numpy's equality assertions (in place).
+    Only statements are walked for assertions (no expression holds one), and each new node is
+    placed where the node it stands in for is, so the tree is never walked whole unless
+    ``calls``."""
+    import ast
+
+    def literal(node):
+        try:
+            ast.literal_eval(node)
+            return True
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+
+    def matcher(node):
+        """An operand that builds on a matcher meant to equal many values (``mock.ANY``,
+        ``pytest.approx``): the test's own expectation, never the tested code's result."""
+        return any(isinstance(n, ast.Name | ast.Attribute)
+                   and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
+                   for n in ast.walk(node))
+
+    def at(node, like):
+        return ast.copy_location(node, like)
+
+    def call(like, *args):
+        return at(ast.Call(func=at(ast.Name(PROBE, ast.Load()), like), args=list(args),
+                           keywords=[]), like)
+
+    def copy(node):
+        if isinstance(node, list):
+            return [copy(item) for item in node]
+        if not isinstance(node, ast.AST):
+            return node
+        return at(type(node)(**{f: copy(getattr(node, f)) for f in node._fields
+                                if hasattr(node, f)}), node)
+
+    def wrap(node, kind, expected=None):
+        if literal(node) or matcher(node):
+            return node
+        args = [node, at(ast.Constant(kind), node)]
+        if expected is not None and literal(expected):
+            args.append(copy(expected))
+        return call(node, *args)
+
+    sites = iter(range(1 << 30))
+
+    def assertion(node):
+        """The statements an ``assert`` becomes."""
+        test = node.test
+        if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+            return [node]
+        kind = COMPARE_OPS.get(type(test.ops[0]).__name__)
+        if kind is None:
+            return [node]
+        left, right = test.left, test.comparators[0]
+        equal = type(test.ops[0]).__name__ == "Eq"
+        for side, other in ((0, right), (1, left)) if equal else ():
+            operand = (left, right)[side]
+            if literal(other) and not literal(operand) and not matcher(operand):
+                # v = probe(x, "eq", 2); assert v == 2; probe(v, "after", 2): the value
+                # in a local of the test's own, asked again once the assertion held
+                name = f"_tempering_v{next(sites)}"
+                held = at(ast.Assign(targets=[at(ast.Name(name, ast.Store()), node)],
+                                     value=call(operand, operand, at(ast.Constant("eq"), node),
+                                                copy(other))), node)
+                use = at(ast.Name(name, ast.Load()), operand)
+                if side == 0:
+                    test.left = use
+                else:
+                    test.comparators = [use]
+                after = at(ast.Expr(call(node, at(ast.Name(name, ast.Load()), node),
+                                         at(ast.Constant("after"), node), copy(other))), node)
+                return [held, node, after]
+        test.left = wrap(left, kind)
+        if kind != "eq" or equal:
+            test.comparators = [wrap(right, kind)]
+        return [node]
+
+    def statements(body):
+        out = []
+        for stmt in body:
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, field, None)
+                if type(inner) is list:
+                    setattr(stmt, field, statements(inner))
+            for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
+                part.body = statements(part.body)  # except clauses, match cases
+            out += assertion(stmt) if isinstance(stmt, ast.Assert) else [stmt]
+        return out
+
+    class Calls(ast.NodeVisitor):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in EQUALITY_CALLS and len(node.args) >= 2:
+                first, second = node.args[:2]
+                node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
+
+    tree.body = statements(tree.body)
+    if calls:
+        Calls().visit(tree)
+    return tree
+
+
+def compile_hidden(sources: dict[str, bytes], rewrite: bool) -> dict[str, object]:
+    """Every hidden Python file, compiled now, before any tested code exists: instrumented
+    with the probe and, under pytest, with pytest's assertion rewriting. Nothing of the hidden
+    tests is parsed or transformed once the tested code runs (it could patch the parser or the
+    transformer and watch the source go by). A file that does not compile keeps its error,
+    raised when it is imported, as the interpreter would."""
+    import ast
+
+    if rewrite:
+        from _pytest.assertion.rewrite import rewrite_asserts
+    from importlib.util import decode_source
+
+    codes = {}
+    for path, source in sources.items():
+        try:
+            text = decode_source(source)  # as the interpreter reads it, coding cookie and all
+            tree = instrument(ast.parse(text, filename=path),
+                              calls=any(name in text for name in EQUALITY_CALLS))
+            if rewrite:
+                rewrite_asserts(tree, source, path, None)
+            codes[path] = compile(tree, path, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            codes[path] = exc
+    return codes

@@ -1,0 +1,64 @@
+"""The zygote path compiles a task's hidden tests on the host, once, when the grading
+interpreter reads the host's bytecode; otherwise the launcher compiles them. Both must grade
+alike: the same rewards, the same flags, a hidden file that does not compile reported as the
+interpreter reports it."""
+
+from __future__ import annotations
+
+from importlib.util import MAGIC_NUMBER
+
+import pytest
+
+from tempering.reward import Grader, RewardResult
+from tempering.reward import grader as grader_module
+from tempering.reward.grader import grading_spec
+from tempering.tasks import FileTree, Task
+
+SOLVED = ("def median(values):\n    if not values:\n        raise ValueError('empty')\n"
+          "    s = sorted(values)\n    n = len(s)\n"
+          "    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2\n")
+HALF = "def median(values):\n    return sorted(values)[len(values) // 2]\n"  # odd lengths only
+BROKEN_TEST = "def test_broken(:\n    pass\n"
+
+
+def _plain(task: Task, tests: dict[str, bytes] | None = None,
+           expected: int | None = None) -> Task:
+    grading = task.config.grading.model_copy(update={"runner": "plain",
+                                                     "expected_tests": expected})
+    return Task(task.config.model_copy(update={"grading": grading}), task.instruction,
+                task.workspace, FileTree.of(tests) if tests is not None else task.tests,
+                task.solution)
+
+
+async def _grade(task: Task, solution: str, *, host_compiles: bool,
+                 monkeypatch: pytest.MonkeyPatch) -> RewardResult:
+    with monkeypatch.context() as patch:
+        if not host_compiles:  # as for a grading interpreter of another version
+            patch.setattr(grader_module, "MAGIC_NUMBER", b"\0\0\r\n")
+        async with Grader() as grader:
+            result = await grader.grade_files(
+                task, task.workspace.overlay({"stats.py": solution.encode()}))
+            zygote = grader._zygotes[grading_spec(task).key()]  # noqa: SLF001
+            assert zygote.magic == MAGIC_NUMBER  # the zygote said whose bytecode it reads
+            return result
+
+
+@pytest.mark.parametrize("host_compiles", [True, False])
+async def test_host_and_launcher_compiled_tests_grade_alike(
+        median: Task, host_compiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = _plain(median)
+    solved = await _grade(task, SOLVED, host_compiles=host_compiles, monkeypatch=monkeypatch)
+    assert solved.reward == 1.0 and not solved.flags, solved.details
+    half = await _grade(task, HALF, host_compiles=host_compiles, monkeypatch=monkeypatch)
+    assert half.reward < 1.0 and half.tests_passed == 3 and not half.flags, half.flags
+
+
+@pytest.mark.parametrize("host_compiles", [True, False])
+async def test_a_hidden_file_that_does_not_compile_is_a_collection_error(
+        median: Task, host_compiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    tests = {**{p: median.tests[p] for p in median.tests}, "test_broken.py": BROKEN_TEST.encode()}
+    task = _plain(median, tests, expected=5)  # the median task's own five
+    result = await _grade(task, SOLVED, host_compiles=host_compiles, monkeypatch=monkeypatch)
+    assert "collection_error" in result.flags and result.tests_passed == 5, result.flags
+    assert any("test_broken.py" in d and "SyntaxError" in d for d in result.details), \
+        result.details
