@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from tempering.reward import canary
+import pytest
+
+from tempering.reward import Grader, canary
+from tempering.tasks import FileTree, Task
 from tempering.tasks.humaneval import load_humaneval
 
 MEDIAN = b"""import pytest
@@ -70,3 +73,37 @@ def test_without_hidden_python_files_the_canaries_still_come() -> None:
     made = canary.make({}, "/w", "tests", "import os\n")
     assert made.path.startswith("tests/test_") and made.holds != made.breaks
     assert "import os" in made.text
+
+
+PARITY_TESTS = b"""from parity import is_even
+
+
+def test_zero():
+    assert is_even(0) == True
+
+
+def test_one():
+    assert is_even(1) == False
+"""
+
+
+@pytest.mark.parametrize("runner", ["pytest", "plain"])
+async def test_a_wrong_answer_equal_to_the_mutant_is_a_model_failure(median: Task,
+                                                                      runner: str) -> None:
+    """A bool's mutant is its negation: a solution wrong on every input passes whichever
+    mutant the canary is, while the test it is a mutant of fails. That is a model failure
+    (reward 0, no flag), not a runner that passes failures."""
+    grading = median.config.grading.model_copy(update={"runner": runner,
+                                                       "expected_tests": 2})
+    task = Task(median.config.model_copy(update={"grading": grading}), "parity",
+                FileTree.of({"parity.py": "def is_even(n):\n    raise NotImplementedError\n"}),
+                FileTree.of({"test_parity.py": PARITY_TESTS}), None)
+    async with Grader() as grader:
+        for _ in range(4):  # either mutant
+            wrong = await grader.grade_files(task, task.workspace.overlay(
+                {"parity.py": b"def is_even(n):\n    return n % 2 == 1\n"}))
+            assert wrong.reward == 0.0 and wrong.flags == [], (wrong.flags, wrong.details)
+            assert any(d.startswith("canary_inconclusive") for d in wrong.details)
+            right = await grader.grade_files(task, task.workspace.overlay(
+                {"parity.py": b"def is_even(n):\n    return n % 2 == 0\n"}))
+            assert right.reward == 1.0 and right.flags == [], (right.flags, right.details)

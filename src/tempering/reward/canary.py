@@ -11,7 +11,9 @@ sets the canaries apart that tampering could key on:
   code, calling the solution the same way, with one expected literal changed (``== 2`` becomes
   ``== 3``), so it fails for the honest solution and the stub alike and only a runner that
   passes failures passes it. The mutated assertion is the first statement of its test (or of
-  the helper the test calls first), so it always runs.
+  the helper the test calls first), so it always runs. A wrong answer can happen to equal the
+  changed literal (a flipped bool, a doubled last item): where the test it is a mutant of
+  failed too, a passing mutant is no evidence against the runner (``mutant_of``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Canaries:
     text: str
     holds: str  # the test that must pass
     breaks: str  # the test that must fail
+    # The id of the hidden test the failing canary is a mutant of (None for a plain failing
+    # canary): an honest wrong answer can equal the mutant's literal where it fails that test.
+    mutant_of: str | None = None
 
 
 # What a mutant's text holds in place of its test's new name and of its changed literal: random
@@ -86,7 +91,8 @@ def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: st
             breaks = f"{breaks}_{rng.choice(WORDS)}"
         text = mutant.template.replace(_NAME, breaks).replace(
             _LITERAL, repr(_changed(mutant.literal, rng)))
-        return Canaries(path, f"{text}\n\n\n{holding}", holds, breaks)
+        return Canaries(path, f"{text}\n\n\n{holding}", holds, breaks,
+                        f"{mutant.base}.py::{mutant.test}")
     breaks = f"{rng.choice(names) if names else 'test_breaks'}_{rng.choice(WORDS)}"
     while breaks == holds:
         breaks = f"{breaks}_{rng.choice(WORDS)}"

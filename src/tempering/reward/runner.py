@@ -61,6 +61,7 @@ class TestRun:
     canary_collect_error: bool = False  # the canary file failed to import (as the tests may)
     canaries: dict[str, str] = field(default_factory=dict)  # "pass"/"fail": outcome seen
     canary_expected: bool = True  # False when the task's own arguments select tests
+    canary_mutant_of: str | None = None  # the hidden test the failing canary is a mutant of
     started: bool = False
     finished: bool = False
     forged: int = 0
@@ -153,6 +154,7 @@ class RunPlan:
         sources = dict(sources or {})
         chosen = canary.make(sources, workdir, tests_dir, canary_imports)
         self.canary_path, self.canary_text, self.holds = chosen.path, chosen.text, chosen.holds
+        self.mutant_of = chosen.mutant_of
         self.tag = self.canary_path  # how the canaries' ids are told from the hidden tests'
         sources[f"{workdir}/{self.canary_path}"] = self.canary_text.encode()
         self.sources = sources
@@ -181,6 +183,7 @@ class RunPlan:
 
     def read(self, stdout: str) -> TestRun:
         run = parse_report(stdout, self.key, self.tag, self.holds)
+        run.canary_mutant_of = self.mutant_of
         run.canary_expected = not any(a.startswith(("-k", "-m", "--deselect")) or "::" in a
                                       for a in self.args)
         return run
