@@ -5,14 +5,20 @@ interpreter reports it."""
 
 from __future__ import annotations
 
+import dis
+import marshal
 from importlib.util import MAGIC_NUMBER
+from types import CodeType
 
 import pytest
 
-from tempering.reward import Grader, RewardResult
+from tempering.reward import Grader, RewardResult, canary
 from tempering.reward import grader as grader_module
 from tempering.reward.grader import grading_spec
+from tempering.reward.inside_compile import compile_hidden
+from tempering.reward.runner import canary_code
 from tempering.tasks import FileTree, Task
+from tempering.tasks.humaneval import load_humaneval
 
 SOLVED = ("def median(values):\n    if not values:\n        raise ValueError('empty')\n"
           "    s = sorted(values)\n    n = len(s)\n"
@@ -62,3 +68,48 @@ async def test_a_hidden_file_that_does_not_compile_is_a_collection_error(
     assert "collection_error" in result.flags and result.tests_passed == 5, result.flags
     assert any("test_broken.py" in d and "SyntaxError" in d for d in result.details), \
         result.details
+
+
+_SAME = ("co_names", "co_varnames", "co_freevars", "co_cellvars", "co_name", "co_qualname",
+         "co_filename", "co_flags", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount",
+         "co_nlocals", "co_stacksize", "co_firstlineno", "co_exceptiontable")
+
+
+def _same_code(a: CodeType, b: CodeType) -> None:
+    """The same instructions on the same names and constants (a constant may sit at another
+    index: compiling the text shares one entry between equal constants), but for the column
+    table (a filled-in name or literal of another length)."""
+    for field in _SAME:
+        assert getattr(a, field) == getattr(b, field), (a.co_name, field)
+    mine, theirs = list(dis.get_instructions(a)), list(dis.get_instructions(b))
+    assert len(mine) == len(theirs), a.co_name
+    for x, y in zip(mine, theirs, strict=True):
+        assert x.opname == y.opname and x.offset == y.offset, (a.co_name, x, y)
+        if x.opname == "LOAD_CONST":
+            if isinstance(x.argval, CodeType):
+                _same_code(x.argval, y.argval)
+            else:
+                assert type(x.argval) is type(y.argval) and x.argval == y.argval, (x, y)
+        else:
+            assert x.arg == y.arg, (a.co_name, x, y)
+
+
+def test_filled_canary_code_is_the_compiled_canary() -> None:
+    """The mutant canary's code, filled in from a compiled template, is what compiling its
+    text gives: same bytecode, names, constants (each drawn literal kind), file name."""
+    tasks = load_humaneval()
+    kinds = set()
+    for task in tasks[:80]:
+        sources = {f"/w/tests/{p}": task.tests[p] for p in task.tests}
+        for _ in range(3):
+            made = canary.make(sources, "/w", "tests", "")
+            path = f"/w/{made.path}"
+            filled = canary_code(made, path)
+            if made.parts is None:
+                assert filled is None
+                continue
+            kinds.add(type(made.parts[2]).__name__)
+            expected = compile_hidden({path: made.text.encode()}, rewrite=False)[path]
+            assert isinstance(expected, CodeType) and filled is not None
+            _same_code(marshal.loads(filled), expected)
+    assert {"int", "str", "bool", "list"} <= kinds, kinds

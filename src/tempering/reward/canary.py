@@ -38,6 +38,9 @@ class Canaries:
     # The id of the hidden test the failing canary is a mutant of (None for a plain failing
     # canary): an honest wrong answer can equal the mutant's literal where it fails that test.
     mutant_of: str | None = None
+    # For a mutant: (its template, the failing test's name, the changed literal, the passing
+    # test's name, its number), what ``text`` was filled in from (``runner.canary_code``).
+    parts: tuple[str, str, object, str, int] | None = None
 
 
 # What a mutant's text holds in place of its test's new name and of its changed literal: random
@@ -83,23 +86,33 @@ def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: st
     names = plan.names
     holds = f"{rng.choice(names) if names else 'test_holds'}_{rng.choice(WORDS)}"
     a = secrets.randbelow(1 << 30)
-    holding = f"def {holds}():\n    assert {a} == {a}\n"
+    passing = holding(holds, a)
     if mutants:
         mutant = rng.choice(mutants)
         breaks = f"{mutant.test}_{rng.choice(WORDS)}"
         while breaks == holds:
             breaks = f"{breaks}_{rng.choice(WORDS)}"
-        text = mutant.template.replace(_NAME, breaks).replace(
-            _LITERAL, repr(_changed(mutant.literal, rng)))
-        return Canaries(path, f"{text}\n\n\n{holding}", holds, breaks,
-                        f"{mutant.base}.py::{mutant.test}")
+        literal = _changed(mutant.literal, rng)
+        return Canaries(path, f"{fill(mutant.template, breaks, literal)}\n\n\n{passing}",
+                        holds, breaks, f"{mutant.base}.py::{mutant.test}",
+                        (mutant.template, breaks, literal, holds, a))
     breaks = f"{rng.choice(names) if names else 'test_breaks'}_{rng.choice(WORDS)}"
     while breaks == holds:
         breaks = f"{breaks}_{rng.choice(WORDS)}"
     b = secrets.randbelow(1 << 30) + (1 << 30)
     breaking = f"def {breaks}():\n    assert {a} == {b}\n"
-    first, second = (holding, breaking) if rng.random() < 0.5 else (breaking, holding)
+    first, second = (passing, breaking) if rng.random() < 0.5 else (breaking, passing)
     return Canaries(path, f"{imports}\n\n{first}\n\n{second}", holds, breaks)
+
+
+def fill(template: str, name: str, literal: object) -> str:
+    """A mutant's text: its template with the failing test's name and the changed literal."""
+    return template.replace(_NAME, name).replace(_LITERAL, repr(literal))
+
+
+def holding(name: str, number: int) -> str:
+    """The passing canary's text."""
+    return f"def {name}():\n    assert {number} == {number}\n"
 
 
 def _plan(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Plan:
@@ -200,23 +213,29 @@ def _mutants(tree: ast.Module) -> list[tuple[str, str, object]]:
 
 def _template(tree: ast.Module, test: str, holder: str, side: int) -> str:
     """The module with only ``test`` of its tests, renamed ``_NAME``, and the literal on
-    ``side`` of the first assertion of ``holder`` (the test or its helper) as ``_LITERAL``."""
-    module = ast.parse(ast.unparse(tree))  # a copy
-    body = []
-    for node in module.body:
-        if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                and node.name.lower().startswith("test") and node.name != test):
-            continue  # the other tests: only the mutant runs
-        if isinstance(node, ast.FunctionDef) and node.name == holder:
-            stmt = _first(node.body)
-            assert isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
-            placeholder = ast.Name(_LITERAL, ast.Load())
-            if side:
-                stmt.test.comparators = [placeholder]
-            else:
-                stmt.test.left = placeholder
-        if isinstance(node, ast.FunctionDef) and node.name == test:
-            node.name = _NAME
-        body.append(node)
-    module.body = body
-    return ast.unparse(ast.fix_missing_locations(module))
+    ``side`` of the first assertion of ``holder`` (the test or its helper) as ``_LITERAL``:
+    the tree is changed for ``ast.unparse`` and put back as it was."""
+    body, kept = tree.body, []
+    undo: list[tuple[ast.AST, str, object]] = []
+    try:
+        for node in body:
+            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                    and node.name.lower().startswith("test") and node.name != test):
+                continue  # the other tests: only the mutant runs
+            if isinstance(node, ast.FunctionDef) and node.name == holder:
+                stmt = _first(node.body)
+                assert isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
+                field = "comparators" if side else "left"
+                undo.append((stmt.test, field, getattr(stmt.test, field)))
+                placeholder = ast.Name(_LITERAL, ast.Load())
+                setattr(stmt.test, field, [placeholder] if side else placeholder)
+            if isinstance(node, ast.FunctionDef) and node.name == test:
+                undo.append((node, "name", node.name))
+                node.name = _NAME
+            kept.append(node)
+        tree.body = kept
+        return ast.unparse(tree)
+    finally:
+        tree.body = body
+        for node, field, value in reversed(undo):
+            setattr(node, field, value)

@@ -24,10 +24,12 @@ import py_compile
 import secrets
 import sys
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import CodeType
 
 from tempering.reward import canary
 from tempering.reward.inside_compile import compile_hidden
@@ -154,7 +156,7 @@ class RunPlan:
         sources = dict(sources or {})
         chosen = canary.make(sources, workdir, tests_dir, canary_imports)
         self.canary_path, self.canary_text, self.holds = chosen.path, chosen.text, chosen.holds
-        self.mutant_of = chosen.mutant_of
+        self.mutant_of, self.canary = chosen.mutant_of, chosen
         self.tag = self.canary_path  # how the canaries' ids are told from the hidden tests'
         sources[f"{workdir}/{self.canary_path}"] = self.canary_text.encode()
         self.sources = sources
@@ -176,6 +178,10 @@ class RunPlan:
         not compile is left as text, for the launcher to raise its error where it is imported."""
         sources = dict(self.sources)
         codes = {path: compiled[path] for path in sources if path in compiled}
+        canary_path = f"{self.config['workspace']}/{self.canary_path}"
+        filled = canary_code(self.canary, canary_path)
+        if filled is not None:
+            codes[canary_path] = filled
         rest = {path: text for path, text in sources.items() if path not in codes}
         codes.update(compile_sources(rest))
         self.config["compiled"] = codes
@@ -203,6 +209,56 @@ def hidden_files(tests: FileTree, tests_dir: str,
         else:
             files.append((rel, tests[path], tests.mode(path)))
     return files, sources
+
+
+# What a compiled canary template holds for what each grading draws (``canary_code``): names
+# and numbers no hidden test has, random per process.
+_BREAKS, _HOLDS = f"_tempering_b{secrets.token_hex(8)}", f"_tempering_h{secrets.token_hex(8)}"
+_NUMBER, _INT = (1 << 62) + secrets.randbits(40), (1 << 61) + secrets.randbits(40)
+_STR = f"\0tempering {secrets.token_hex(8)}"
+_templates: OrderedDict[tuple[str, str | None], CodeType | None] = OrderedDict()
+
+
+def canary_code(made: canary.Canaries, path: str) -> bytes | None:
+    """A mutant canary as marshal data, without compiling it: its template is compiled once
+    (per literal, where the mutant's literal is the same every time) with stand-ins for what
+    each grading draws (test names, the passing test's number, a random int or str literal),
+    and the stand-ins are replaced in the code objects' names and constants. None when there
+    is nothing to fill in (not a mutant) or the template does not compile."""
+    if made.parts is None:
+        return None
+    template, breaks, literal, holds, number = made.parts
+    drawn = type(literal) in (int, str)
+    key = (template, None if drawn else repr(literal))
+    code = _templates.get(key)
+    if key not in _templates:
+        stand_in = {int: _INT, str: _STR}.get(type(literal), literal)
+        text = f"{canary.fill(template, _BREAKS, stand_in)}\n\n\n{canary.holding(_HOLDS, _NUMBER)}"
+        compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False)["<canary>"]
+        code = _templates[key] = compiled if isinstance(compiled, CodeType) else None
+        while len(_templates) > 1024:
+            _templates.popitem(last=False)
+    if code is None:
+        return None
+    names = {_BREAKS: breaks, _HOLDS: holds}
+    consts = {(int, _NUMBER): number, (int, _INT): literal, (str, _STR): literal}
+    return marshal.dumps(_fill_code(code, names, consts, path))
+
+
+def _fill_code(code: CodeType, names: dict[str, str], consts: dict[tuple[type, object], object],
+               path: str) -> CodeType:
+    def const(value: object) -> object:
+        if isinstance(value, CodeType):
+            return _fill_code(value, names, consts, path)
+        if type(value) in (int, str):
+            return consts.get((type(value), value), value)
+        return value
+
+    return code.replace(co_consts=tuple(map(const, code.co_consts)),
+                        co_names=tuple(names.get(n, n) for n in code.co_names),
+                        co_name=names.get(code.co_name, code.co_name),
+                        co_qualname=names.get(code.co_qualname, code.co_qualname),
+                        co_filename=path)
 
 
 def compile_sources(sources: Mapping[str, bytes]) -> dict[str, bytes]:
