@@ -237,5 +237,5 @@ def _template(tree: ast.Module, test: str, holder: str, side: int) -> str:
         return ast.unparse(tree)
     finally:
         tree.body = body
-        for node, field, value in reversed(undo):
-            setattr(node, field, value)
+        for changed, field, value in reversed(undo):
+            setattr(changed, field, value)
