@@ -464,6 +464,18 @@ def main():
     import ctypes  # noqa: F401 - for undumpable(), which then forgets it
 
     guard_module.preseal()  # so is the slow half of sealing
+    freeze()
+    configured(runner)  # frozen, unlike this frame: it runs the tested code
+
+
+def freeze():
+    """The launcher's and the guard's global names made constants (``inside_guard.freeze``):
+    once the tested code runs, no binding it adds or changes redirects them."""
+    guard_module.freeze([guard_module, compiling, sys.modules[__name__]])
+
+
+def configured(runner):
+    """Read the configuration, run, and exit."""
     config = marshal.loads(bytes.fromhex(_line(0).decode()))  # from the host: trusted
     {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[runner](
         config, os.dup(1))

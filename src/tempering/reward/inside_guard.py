@@ -67,6 +67,7 @@ _audit = sys.audit
 _write = os.write
 _startswith = str.startswith
 _function = type(lambda: None)
+_module = type(sys)
 _addr = object.__hash__  # an object's address, as id() gives it, without id()'s audit event
 PLAIN = (str, int, float, bool, type(None))
 
@@ -78,7 +79,6 @@ def report(event, **record):
     _audit(REPORT_EVENT, record)
 
 
-_REPORT_CODE = report.__code__
 
 
 def _text(value):
@@ -127,11 +127,11 @@ def _escape(char):
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-_BINDING_KINDS = (type(sys), classmethod, staticmethod, property)  # not callable, still behaviour
+_BINDING_KINDS = (_module, classmethod, staticmethod, property)  # not callable, still behaviour
 _type_dict = type.__dict__["__dict__"].__get__  # a class's namespace, asking no metaclass
 # A module's namespace, as it is: a lazy module (``py``'s) loads what it stands for when its
 # ``__dict__`` is asked for, which is not the guard's to do.
-_module_dict = type(sys).__dict__["__dict__"].__get__
+_module_dict = _module.__dict__["__dict__"].__get__
 
 
 def _bindings(mapping):
@@ -282,7 +282,7 @@ def preseal():
     warm launcher, the grading zygote before it forks): sealing then only takes the objects
     those names hold, in C loops. What later code adds under new names is not recorded."""
     for name, module in list(sys.modules.items()):
-        if issubclass(type(module), type(sys)):
+        if issubclass(type(module), _module):
             _PRESEALED[_addr(module)] = (module, _layout(name, module))
 
 
@@ -301,6 +301,7 @@ class Guard:
         self.local = _thread._local()
         self.pid = os.getpid()
         self.main = _thread.get_ident()  # the runner's thread; any other is the tested code's
+        self.report_code = report.__code__  # as freeze left it
         self.seen = set()
         self.clean = set()  # frames with none of the tested code's below them (in_stack)
         self.emitters = set()  # addresses of the code objects allowed to report
@@ -339,7 +340,7 @@ class Guard:
         it did), ``builtins`` and the import hooks."""
         workspace, tests = self.workspace, self.tests
         for name, module in list(sys.modules.items()):
-            if not issubclass(type(module), type(sys)):
+            if not issubclass(type(module), _module):
                 continue  # an object standing in for a module: what it binds is its own
             where = _text(_module_dict(module).get("__file__")) or ""
             if _startswith(where, workspace) and not _startswith(where, tests):
@@ -348,7 +349,7 @@ class Guard:
             self.integrity.add_module(name, module, layout=known[1] if known is not None
                                       and known[0] is module else None)
             self.guarded_globals.add(_addr(_module_dict(module)))
-        self.integrity.add("builtins", vars(__builtins__) if isinstance(__builtins__, type(sys))
+        self.integrity.add("builtins", vars(__builtins__) if isinstance(__builtins__, _module)
                            else __builtins__)
         self.integrity.add("sys", vars(sys), SYS_HOOKS)
         self.integrity.add_sequence("sys.meta_path", sys.meta_path)
@@ -379,7 +380,7 @@ class Guard:
         try:
             if event == REPORT_EVENT:
                 frame = sys._getframe(1)
-                if frame.f_code is _REPORT_CODE:
+                if frame.f_code is self.report_code:
                     frame = frame.f_back
                 code = frame.f_code if frame is not None else None
                 if _addr(code) in self.hooks and (
@@ -446,7 +447,7 @@ class Guard:
             return
         if record.get("event") in ("loading", "loaded"):  # a hidden test module, not a line
             module = record.get("module")
-            if type(module) is type(sys):
+            if type(module) is _module:
                 self.test_globals.add(_addr(vars(module)))
                 self.guarded_globals.add(_addr(vars(module)))
                 if record["event"] == "loaded":
@@ -463,7 +464,7 @@ class Guard:
         if record.get("event") == "hooks" and self.state == "started":
             manager = record.get("pluginmanager")
             for plugin in list(manager.get_plugins()):
-                where = getattr(plugin, "__file__", None) if type(plugin) is type(sys) else None
+                where = getattr(plugin, "__file__", None) if type(plugin) is _module else None
                 if _addr(plugin) not in self.plugins and not (
                         type(where) is str and _startswith(where, self.tests)):
                     self.flag("runner_tampered", f"a pytest plugin joined during collection: "
@@ -663,6 +664,92 @@ def _is_memory(path):
     parts = path.split("/")
     return (len(parts) >= 4 and parts[1] == "proc" and parts[-1] in ("mem", "pagemap")
             and (parts[2] in ("self", "thread-self") or parts[2].isdigit()))
+
+
+def freeze(modules):
+    """Make every global name the code of ``modules`` (the launcher's, the guard's) reads a
+    constant, before any tested code runs.
+
+    A function looks its globals up in its module's dict, then in ``builtins``, at each call;
+    the tested code can reach both, and adding a key to either raises no audit event: a new
+    global ``type`` in the launcher, or ``getattr`` in the guard, is found before the builtin.
+    So each function's (and method's, and nested function's) code is rewritten: a
+    ``LOAD_GLOBAL`` becomes a ``LOAD_CONST`` of the object the name is bound to now, and an
+    attribute chain on a module (``os.path.realpath``, ``sys._getframe``) the object at its
+    end, so no later binding, in any namespace, changes what this code calls. The function
+    objects stay the same (their ``__code__`` is replaced), so every reference to them sees
+    the frozen code; a name not bound now stays a global. Returns how many loads were made
+    constants."""
+    import builtins
+    import opcode
+
+    load_global, load_attr = opcode.opmap["LOAD_GLOBAL"], opcode.opmap["LOAD_ATTR"]
+    load_method, load_const = opcode.opmap["LOAD_METHOD"], opcode.opmap["LOAD_CONST"]
+    push_null, nop, extended = opcode.opmap["PUSH_NULL"], opcode.opmap["NOP"], opcode.EXTENDED_ARG
+    caches = opcode._inline_cache_entries
+    real_builtins = vars(builtins)
+    missing = object()
+    folded = [0]
+
+    def frozen(code, space):
+        ops, consts, names = bytearray(code.co_code), list(code.co_consts), code.co_names
+        for index, const in enumerate(consts):
+            if type(const) is type(code):
+                consts[index] = frozen(const, space)
+        i = 0
+        while i < len(ops):
+            op = ops[i]
+            if op != load_global or (i and ops[i - 2] == extended):
+                i += 2 + 2 * caches[op]
+                continue
+            end = i + 2 + 2 * caches[op]
+            name = names[ops[i + 1] >> 1]
+            value = space.get(name, missing)
+            if value is missing:
+                value = real_builtins.get(name, missing)
+            if value is missing or type(value) is type(code):
+                i = end
+                continue
+            null = ops[i + 1] & 1
+            while not null and type(value) is _module and end < len(ops) and ops[end] in (
+                    load_attr, load_method):
+                attribute = _module_dict(value).get(names[ops[end + 1]], missing)
+                if attribute is missing:
+                    break
+                null = ops[end] == load_method
+                value, end = attribute, end + 2 + 2 * caches[ops[end]]
+                if null:
+                    break
+            consts.append(value)
+            at = len(consts) - 1
+            out = [push_null, 0] if null else []
+            if at > 255:
+                out += [extended, at >> 8]
+            out += [load_const, at & 255]
+            ops[i:end] = bytes(out + [nop, 0] * ((end - i - len(out)) // 2))
+            folded[0] += 1
+            i = end
+        return code.replace(co_code=bytes(ops), co_consts=tuple(consts))
+
+    def functions(space, name):
+        for value in list(space.values()):
+            if type(value) is _function and value.__globals__ is space:
+                yield value
+            elif type(value) is type and value.__module__ == name:
+                for member in list(_type_dict(value).values()):
+                    if type(member) in (staticmethod, classmethod):
+                        member = member.__func__
+                    if type(member) is _function and member.__globals__ is space:
+                        yield member
+
+    done = set()
+    for module in modules:
+        space = _module_dict(module)
+        for function in list(functions(space, module.__name__)):
+            if _addr(function) not in done:
+                done.add(_addr(function))
+                function.__code__ = frozen(function.__code__, space)
+    return folded[0]
 
 
 def undumpable():

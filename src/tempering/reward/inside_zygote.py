@@ -238,6 +238,8 @@ def main():
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
     inside.guard_module.preseal()  # once, for every grading forked from here
+    inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
+                                sys.modules[__name__]])
     # What is loaded now is never garbage: left to the collector, each grading's first
     # collection would walk (and, copy-on-write, copy) the whole inherited heap.
     gc.collect()
