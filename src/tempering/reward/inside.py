@@ -34,7 +34,7 @@ import inside_guard as guard_module  # noqa: E402
 del sys.path[0]
 emit = guard_module.report
 hidden_code = guard_module.hidden_code
-PROBE = compiling.PROBE
+PROBE, DONE = compiling.PROBE, compiling.DONE
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -131,6 +131,13 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
     return value
 
 
+def done():
+    """Called by the instrumentation where a hidden test function returns normally: the
+    guard counts a pass only for a test whose function got there (so a runner made to skip
+    the test's body, or to report a failed one as passed, is seen)."""
+    emit("done")
+
+
 def load_hidden(path, name):
     """The hidden module at ``path``, run from its code compiled ahead (None if there is no
     such hidden file)."""
@@ -150,6 +157,7 @@ def _run_hidden(module, path, code):
         raise code
     module.__file__ = path
     module.__dict__[PROBE] = probe
+    module.__dict__[DONE] = done
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     if module.__dict__.get(PROBE) is not probe:
@@ -198,7 +206,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(probe, load_hidden, _run_hidden, HiddenFinder.find_spec,
+    guard.allow(probe, done, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
@@ -250,6 +258,9 @@ class Report:
     def pytest_sessionstart(self, session):
         # pytest and its plugins are loaded; the tests are not collected yet
         emit("seal", plugin=self, pluginmanager=session.config.pluginmanager)
+        debugging = sys.modules.get("_pytest.debugging")
+        if debugging is not None:  # a class attribute any module could read the config from
+            debugging.pytestPDB._config = debugging.pytestPDB._pluginmanager = None
 
     def pytest_collectreport(self, report):
         if report.failed:

@@ -15,6 +15,7 @@ EQUALITY_CALLS = frozenset({
 COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
                "GtE": "order"}
 PROBE = "__tempering_probe__"
+DONE = "__tempering_done__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -118,9 +119,34 @@ def instrument(tree, calls=True):
                 first, second = node.args[:2]
                 node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
 
+    def finish(body, last):
+        """``body`` with ``DONE()`` before each ``return`` of its own (not of a nested
+        function's) and at its end."""
+        out = []
+        for stmt in body:
+            if isinstance(stmt, ast.Return):
+                out.append(at(ast.Expr(at(ast.Call(at(ast.Name(DONE, ast.Load()), stmt), [],
+                                                   []), stmt)), stmt))
+            elif not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                for field in ("body", "orelse", "finalbody"):
+                    inner = getattr(stmt, field, None)
+                    if type(inner) is list:
+                        setattr(stmt, field, finish(inner, None))
+                for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
+                    part.body = finish(part.body, None)
+            out.append(stmt)
+        if last is not None:
+            out.append(at(ast.Expr(at(ast.Call(at(ast.Name(DONE, ast.Load()), last), [], []),
+                                      last)), last))
+        return out
+
     tree.body = statements(tree.body)
     if calls:
         Calls().visit(tree)
+    for node in ast.walk(tree):  # a runner collects test*: each says when it got to its end
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                node.name.startswith("test"):
+            node.body = finish(node.body, node.body[-1])
     return tree
 
 

@@ -309,6 +309,10 @@ class Guard:
         self.hook_caller = None  # pluggy's code that calls hook implementations
         self.plugin = None  # the launcher's pytest plugin, as registered
         self.plugins = set()  # addresses of pytest's plugins when the runner was sealed
+        self.sealed_impls = set()  # and of its hook implementations
+        self.test_codes = set()  # addresses of the hidden tests' test* functions' code
+        self.test_names = set()  # their names
+        self.completed = set()  # tests whose function ran to its end while they were current
         self._codes = []  # and the objects themselves, so the addresses stay theirs
         self.integrity = Integrity()
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
@@ -356,16 +360,44 @@ class Guard:
         self.integrity.add_sequence("sys.path_hooks", sys.path_hooks)
         self.sealed = True
 
-    def guard_hooks(self, manager):
-        """pytest's hook lists, as collection left them: no plugin may join or leave, and no
-        hook implementation may change its function, while the tests run."""
-        relay = getattr(manager, "hook", None)
+    def hook_impls(self, manager):
+        """[(hook name, the list of its implementations)] of pytest's hook relay, whichever
+        pluggy keeps them (``_hookimpls``; 1.0's ``_wrappers`` and ``_nonwrappers``); a hook
+        whose lists are not where either keeps them is a runner the guard cannot check."""
+        relay, found = getattr(manager, "hook", None), []
         for name, caller in list(vars(relay).items()) if relay is not None else []:
-            impls = getattr(caller, "_hookimpls", None)
-            if type(impls) is list:
-                self.integrity.add_sequence(f"pytest hook {name}", impls)
-                for impl in impls:
-                    self.integrity.add(f"pytest hook {name}", vars(impl), ("function",))
+            if not hasattr(caller, "get_hookimpls"):
+                continue
+            lists = [getattr(caller, field, None)
+                     for field in ("_hookimpls", "_wrappers", "_nonwrappers")]
+            lists = [impls for impls in lists if type(impls) is list]
+            if not lists:
+                self.flag("runner_tampered", f"pytest hook {name}: no implementation list "
+                          "the guard knows", "the runner")
+            found += [(name, impls) for impls in lists]
+        return found
+
+    def record_hooks(self, manager):
+        """The hook implementations at the seal, before collection imports any tested code."""
+        self.sealed_impls = {_addr(impl) for _, impls in self.hook_impls(manager)
+                             for impl in impls}
+
+    def guard_hooks(self, manager):
+        """pytest's hook lists, as collection left them: an implementation added since the
+        seal must come from a plugin that joined with a hidden conftest (any other is the
+        tested code's); no plugin may join or leave, and no implementation may change its
+        function, while the tests run."""
+        for name, impls in self.hook_impls(manager):
+            for impl in list(impls):
+                plugin = getattr(impl, "plugin", None)
+                where = getattr(plugin, "__file__", None) if type(plugin) is _module else None
+                if _addr(impl) not in self.sealed_impls and not (
+                        type(where) is str and _startswith(where, self.tests)):
+                    self.flag("runner_tampered", f"an implementation of pytest hook {name} "
+                              "added during collection", "the runner")
+            self.integrity.add_sequence(f"pytest hook {name}", impls)
+            for impl in impls:
+                self.integrity.add(f"pytest hook {name}", vars(impl), ("function",))
 
     # ---- the hook ----
 
@@ -391,6 +423,9 @@ class Guard:
                     self.flag("forged_report", f"a hook of the report called from {caller} "
                               "(or on another plugin than the one pytest runs)",
                               _text(caller) or "?")
+                    return
+                if type(args[0]) is dict and _text(args[0].get("event")) == "done":
+                    self.reached_end(frame, code)
                     return
                 self.request(args[0], code)
             elif event == "tempering.code":  # (path, box): the loader asks for a hidden file
@@ -439,6 +474,18 @@ class Guard:
             self.seen.add((flag, detail))
             self.write({"event": "audit", "flag": flag, "detail": detail, "where": where})
 
+    def reached_end(self, frame, code):
+        """A hidden test function reached one of its normal exits (``inside.done``, which the
+        instrumentation calls there): the current test ran to its end, if it is that test's
+        function. Only the hidden code may say so."""
+        test = frame.f_back.f_code if frame is not None and frame.f_back is not None else None
+        if code is None or _addr(code) not in self.emitters or test is None or \
+                _addr(test) not in self.test_codes:
+            where = _text(getattr(test, "co_filename", None)) or "?"
+            self.flag("forged_report", f"a test's end reported from {where}", where)
+        elif self.current is not None and test.co_name == _test_name(self.current):
+            self.completed.add(self.current)
+
     def request(self, record, code):
         """A record a harness function asks to report: checked, then written."""
         if code is None or _addr(code) not in self.emitters or type(record) is not dict:
@@ -460,6 +507,7 @@ class Guard:
                 manager = record.get("pluginmanager")
                 if manager is not None:
                     self.plugins = set(map(_addr, manager.get_plugins()))
+                    self.record_hooks(manager)
             return
         if record.get("event") == "hooks" and self.state == "started":
             manager = record.get("pluginmanager")
@@ -480,6 +528,11 @@ class Guard:
         if problem:
             self.flag("runner_tampered", problem, "the report")
             return
+        if (event == "test" and record.get("outcome") == "passed"
+                and _test_name(record.get("id")) in self.test_names
+                and record.get("id") not in self.completed):
+            self.flag("runner_tampered", f"{record.get('id')} passed without its function "
+                      "running to its end", "the runner")
         if event in ("test", "end", "scores"):
             for label in self.integrity.changed(everything=event != "test")[:5]:
                 self.flag("runner_tampered", f"{label} was replaced while the tests ran",
@@ -659,6 +712,22 @@ class Guard:
                         self.local.deny = f"importing {module}"
 
 
+def _test_name(test_id):
+    """The function name in a test id (``tests/t.py::TestX::test_y[2]`` -> ``test_y``)."""
+    name = (_text(test_id) or "").rpartition("::")[2]
+    return name.partition("[")[0]
+
+
+def _test_codes(code, found):
+    """Every code object under ``code`` whose function a runner would collect (``test*``)."""
+    for const in code.co_consts:
+        if type(const) is type(code):
+            if _startswith(const.co_name, "test"):
+                found.append(const)
+            _test_codes(const, found)
+    return found
+
+
 def _is_memory(path):
     """/proc/<pid>/mem and its kin: a process's memory, read or written as a file."""
     parts = path.split("/")
@@ -782,6 +851,11 @@ def install(fd, key, workspace, tests, launcher_dir, codes):
         j = int.from_bytes(os.urandom(4), "little") % (i + 1)
         items[i], items[j] = items[j], items[i]
     guard.codes = dict(items)
+    for code in guard.codes.values():
+        if type(code) is type(_test_name.__code__):
+            for test in _test_codes(code, []):
+                guard.test_codes.add(_addr(test))
+                guard.test_names.add(test.co_name)
     sys.addaudithook(guard)
     # No module holds the guard's classes any more: a class attribute set raises no audit
     # event, so a reachable class would let the tested code swap the hook's own methods.

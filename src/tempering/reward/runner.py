@@ -212,8 +212,10 @@ def hidden_files(tests: FileTree, tests_dir: str,
 
 
 # What a compiled canary template holds for what each grading draws (``canary_code``): names
-# and numbers no hidden test has, random per process.
-_BREAKS, _HOLDS = f"_tempering_b{secrets.token_hex(8)}", f"_tempering_h{secrets.token_hex(8)}"
+# and numbers no hidden test has, random per process (test* names: the instrumentation marks
+# the ends of test functions only).
+_BREAKS = f"test_tempering_b{secrets.token_hex(8)}"
+_HOLDS = f"test_tempering_h{secrets.token_hex(8)}"
 _NUMBER, _INT = (1 << 62) + secrets.randbits(40), (1 << 61) + secrets.randbits(40)
 _STR = f"\0tempering {secrets.token_hex(8)}"
 _templates: OrderedDict[tuple[str, str | None], CodeType | None] = OrderedDict()
