@@ -163,7 +163,7 @@ def _run_hidden(module, path, code):
     if module.__dict__.get(PROBE) is not probe:
         emit("audit", flag="runner_tampered", detail=f"the probe of {path} was replaced",
              where=path)
-    emit("loaded", module=module)  # and its functions, as they are now, must stay
+    emit("loaded", module=module, path=path)  # its builtins frozen; its functions must stay
 
 
 class HiddenFinder:

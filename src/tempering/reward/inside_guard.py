@@ -498,6 +498,12 @@ class Guard:
                 self.test_globals.add(_addr(vars(module)))
                 self.guarded_globals.add(_addr(vars(module)))
                 if record["event"] == "loaded":
+                    code = self.codes.get(_text(record.get("path")))
+                    if type(code) is type(_test_name.__code__):
+                        for old, new in freeze_builtins(vars(module), code):
+                            self._codes.append(new)  # so its address stays its own
+                            if _addr(old) in self.test_codes:
+                                self.test_codes.add(_addr(new))
                     self.integrity.add_module(str(module.__name__), module, hot=True)
             return
         if record.get("event") == "seal":
@@ -750,75 +756,132 @@ def freeze(modules):
     the frozen code; a name not bound now stays a global. Returns how many loads were made
     constants."""
     import builtins
+
+    real = vars(builtins)
+    folded = 0
+    for module in modules:
+        space = _module_dict(module)
+
+        def bound(name, space=space):
+            return space[name] if name in space else real.get(name, _UNBOUND)
+
+        for function in _functions(space, module.__name__):
+            function.__code__, count = _fold(function.__code__, bound, chains=True)
+            folded += count
+    return folded
+
+
+def freeze_builtins(namespace, code):
+    """[(old code, new code)] of a hidden module's functions (``namespace``, as its ``code``
+    left it) made to read the
+    builtins they use as constants: each global name that the module's own code never binds
+    and that is a builtin. The tested code cannot shadow ``abs`` or ``len`` for the hidden
+    tests by adding a key to their module (or to ``builtins``), even a key that removes itself
+    once read; the names the module binds itself stay globals (a test may monkeypatch them)."""
+    import builtins
+
+    own, real = _bound_names(code, set()), vars(builtins)
+
+    def bound(name):
+        return real.get(name, _UNBOUND) if name not in own else _UNBOUND
+
+    pairs = []
+    for function in _functions(namespace, _text(namespace.get("__name__")) or ""):
+        function.__code__, _ = _fold(function.__code__, bound, chains=False, pairs=pairs)
+    return pairs
+
+
+_UNBOUND = object()
+
+
+def _bound_names(code, names):
+    """The names a module's code (and the code nested in it) binds as globals."""
+    import opcode
+
+    stores = {opcode.opmap[n] for n in ("STORE_NAME", "STORE_GLOBAL", "DELETE_NAME",
+                                        "DELETE_GLOBAL", "IMPORT_NAME", "IMPORT_FROM")}
+    ops, extended, arg = code.co_code, opcode.EXTENDED_ARG, 0
+    for i in range(0, len(ops), 2):
+        op, arg = ops[i], arg | ops[i + 1]
+        if op == extended:
+            arg <<= 8
+            continue
+        if op in stores and arg < len(code.co_names):
+            names.add(code.co_names[arg])
+        arg = 0
+    for const in code.co_consts:
+        if type(const) is type(code):
+            _bound_names(const, names)
+    return names
+
+
+def _functions(space, name):
+    """The functions of a namespace and the methods of the classes it defines."""
+    found, seen = [], set()
+    for value in list(space.values()):
+        members = [value]
+        if type(value) is type and value.__module__ == name:
+            members = [m.__func__ if type(m) in (staticmethod, classmethod) else m
+                       for m in list(_type_dict(value).values())]
+        for member in members:
+            if type(member) is _function and member.__globals__ is space \
+                    and _addr(member) not in seen:
+                seen.add(_addr(member))
+                found.append(member)
+    return found
+
+
+def _fold(code, bound, chains, pairs=None):
+    """``code`` (and the code nested in it) with each ``LOAD_GLOBAL`` whose name ``bound``
+    gives an object made a ``LOAD_CONST`` of it, and, with ``chains``, an attribute chain on a
+    module the object at its end; in place (``PUSH_NULL``, ``LOAD_CONST``, ``NOP``s in the
+    same bytes: jumps, the exception table and the line table stay as they are). Returns the
+    new code and how many loads it folded."""
     import opcode
 
     load_global, load_attr = opcode.opmap["LOAD_GLOBAL"], opcode.opmap["LOAD_ATTR"]
     load_method, load_const = opcode.opmap["LOAD_METHOD"], opcode.opmap["LOAD_CONST"]
     push_null, nop, extended = opcode.opmap["PUSH_NULL"], opcode.opmap["NOP"], opcode.EXTENDED_ARG
     caches = opcode._inline_cache_entries
-    real_builtins = vars(builtins)
-    missing = object()
-    folded = [0]
-
-    def frozen(code, space):
-        ops, consts, names = bytearray(code.co_code), list(code.co_consts), code.co_names
-        for index, const in enumerate(consts):
-            if type(const) is type(code):
-                consts[index] = frozen(const, space)
-        i = 0
-        while i < len(ops):
-            op = ops[i]
-            if op != load_global or (i and ops[i - 2] == extended):
-                i += 2 + 2 * caches[op]
-                continue
-            end = i + 2 + 2 * caches[op]
-            name = names[ops[i + 1] >> 1]
-            value = space.get(name, missing)
-            if value is missing:
-                value = real_builtins.get(name, missing)
-            if value is missing or type(value) is type(code):
-                i = end
-                continue
-            null = ops[i + 1] & 1
-            while not null and type(value) is _module and end < len(ops) and ops[end] in (
-                    load_attr, load_method):
-                attribute = _module_dict(value).get(names[ops[end + 1]], missing)
-                if attribute is missing:
-                    break
-                null = ops[end] == load_method
-                value, end = attribute, end + 2 + 2 * caches[ops[end]]
-                if null:
-                    break
-            consts.append(value)
-            at = len(consts) - 1
-            out = [push_null, 0] if null else []
-            if at > 255:
-                out += [extended, at >> 8]
-            out += [load_const, at & 255]
-            ops[i:end] = bytes(out + [nop, 0] * ((end - i - len(out)) // 2))
-            folded[0] += 1
+    ops, consts, names, folded = bytearray(code.co_code), list(code.co_consts), code.co_names, 0
+    for index, const in enumerate(consts):
+        if type(const) is type(code):
+            consts[index], count = _fold(const, bound, chains, pairs)
+            folded += count
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op != load_global or (i and ops[i - 2] == extended):
+            i += 2 + 2 * caches[op]
+            continue
+        end = i + 2 + 2 * caches[op]
+        value = bound(names[ops[i + 1] >> 1])
+        if value is _UNBOUND or type(value) is type(code):
             i = end
-        return code.replace(co_code=bytes(ops), co_consts=tuple(consts))
-
-    def functions(space, name):
-        for value in list(space.values()):
-            if type(value) is _function and value.__globals__ is space:
-                yield value
-            elif type(value) is type and value.__module__ == name:
-                for member in list(_type_dict(value).values()):
-                    if type(member) in (staticmethod, classmethod):
-                        member = member.__func__
-                    if type(member) is _function and member.__globals__ is space:
-                        yield member
-
-    done = set()
-    for module in modules:
-        space = _module_dict(module)
-        for function in list(functions(space, module.__name__)):
-            if _addr(function) not in done:
-                done.add(_addr(function))
-                function.__code__ = frozen(function.__code__, space)
-    return folded[0]
+            continue
+        null = ops[i + 1] & 1
+        while chains and not null and type(value) is _module and end < len(ops) and \
+                ops[end] in (load_attr, load_method):
+            attribute = _module_dict(value).get(names[ops[end + 1]], _UNBOUND)
+            if attribute is _UNBOUND:
+                break
+            null = ops[end] == load_method
+            value, end = attribute, end + 2 + 2 * caches[ops[end]]
+            if null:
+                break
+        consts.append(value)
+        at = len(consts) - 1
+        out = [push_null, 0] if null else []
+        if at > 255:
+            out += [extended, at >> 8]
+        out += [load_const, at & 255]
+        ops[i:end] = bytes(out + [nop, 0] * ((end - i - len(out)) // 2))
+        folded += 1
+        i = end
+    new = code.replace(co_code=bytes(ops), co_consts=tuple(consts))
+    if pairs is not None:
+        pairs.append((code, new))
+    return new, folded
 
 
 def undumpable():
