@@ -34,7 +34,7 @@ import inside_guard as guard_module  # noqa: E402
 del sys.path[0]
 emit = guard_module.report
 hidden_code = guard_module.hidden_code
-PROBE, DONE = compiling.PROBE, compiling.DONE
+PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -45,6 +45,15 @@ class _Fresh:
 
 
 _PLAIN = (int, float, str, bytes, bool, complex, type(None))
+
+
+def _among(kind, kinds):
+    """Whether ``kind`` is one of ``kinds``, by identity: ``in`` would ask ``==``, which a
+    metaclass of the tested code's can answer (an always-equal object would pass for an int)."""
+    for one in kinds:
+        if kind is one:
+            return True
+    return False
 _NO = _Fresh()  # no expected literal
 
 
@@ -57,9 +66,9 @@ def _neighbour(expected):
         return expected + 1
     if kind is float and expected == expected and abs(expected) != float("inf"):
         return expected + 1.0 + abs(expected)
-    if kind in (str, bytes):
+    if kind is str or kind is bytes:
         return expected + kind("\x00" if kind is str else b"\x00")
-    if kind in (list, tuple):
+    if kind is list or kind is tuple:
         return kind([*expected, None])
     return _NO
 
@@ -75,7 +84,7 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
     so an object that answers differently from call to call is caught too. Its constants are
     bound here, where replacing them is an audited change of ``__defaults__``."""
     if kind == "after":
-        if type(value) in _plain:
+        if _among(type(value), _plain):
             return None
         try:  # the assertion just found it equal: an honest value still is
             steady = expected is _none or bool(value == expected)
@@ -84,10 +93,10 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
         if not steady:
             name = type(value).__qualname__
             emit("audit", flag="always_equal", detail=f"a {name} whose equality changes from "
-                 "call to call", where=str(getattr(type(value), "__module__", "?")))
+                 "call to call", where=_exact(getattr(type(value), "__module__", "?")))
             raise AssertionError(f"{name} is equal, then not")
         return None
-    if type(value) in _plain:
+    if _among(type(value), _plain):
         return value
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
@@ -95,13 +104,13 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
             break
         item, near = suspects.pop()
         kind_of = type(item)
-        if kind_of in (list, tuple, set, frozenset):
+        if _among(kind_of, (list, tuple, set, frozenset)):
             suspects.extend((v, _none) for v in list(item)[:200])
             continue
         if kind_of is dict:
             suspects.extend((v, _none) for v in list(item.values())[:200])
             continue
-        if kind_of in _plain:
+        if _among(kind_of, _plain):
             continue
         others = [_fresh() for _ in range(1 + _urandom(1)[0] % 4)]
         if kind == "eq" and near is not _none:
@@ -126,7 +135,7 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
             name = type(item).__qualname__
             emit("audit", flag="always_equal", detail=f"a {name} that claims to "
                  f"{'equal' if kind == 'eq' else 'order against'} what it is not",
-                 where=str(getattr(type(item), "__module__", "?")))
+                 where=_exact(getattr(type(item), "__module__", "?")))
             raise AssertionError(f"{name} compares true with what it is not")
     return value
 
@@ -136,6 +145,12 @@ def done():
     guard counts a pass only for a test whose function got there (so a runner made to skip
     the test's body, or to report a failed one as passed, is seen)."""
     emit("done")
+
+
+def enter():
+    """Called by the instrumentation as a hidden test function begins: the guard flags a
+    call of it that the tested code made (a hidden test used as an oracle)."""
+    emit("enter")
 
 
 def load_hidden(path, name):
@@ -158,6 +173,7 @@ def _run_hidden(module, path, code):
     module.__file__ = path
     module.__dict__[PROBE] = probe
     module.__dict__[DONE] = done
+    module.__dict__[ENTER] = enter
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     if module.__dict__.get(PROBE) is not probe:
@@ -206,7 +222,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(probe, done, load_hidden, _run_hidden, HiddenFinder.find_spec,
+    guard.allow(probe, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
@@ -264,18 +280,18 @@ class Report:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            emit("collect_error", id=str(report.nodeid),
-                   message=_text(report.longrepr)[-1500:])
+            emit("collect_error", id=_exact(report.nodeid),
+                   message=_exact(report.longrepr)[-1500:])
 
     def pytest_collection_finish(self, session):
         emit("hooks", pluginmanager=session.config.pluginmanager)  # as they run the tests
-        emit("collected", ids=[str(item.nodeid) for item in session.items])
+        emit("collected", ids=[_exact(item.nodeid) for item in session.items])
 
     def pytest_runtest_logstart(self, nodeid, location):
-        emit("begin", id=str(nodeid))
+        emit("begin", id=_exact(nodeid))
 
     def pytest_runtest_logreport(self, report):
-        nodeid = str(report.nodeid)
+        nodeid = _exact(report.nodeid)
         outcome = self.outcomes.get(nodeid)
         xfail = hasattr(report, "wasxfail")
         when = report.when
@@ -293,13 +309,13 @@ class Report:
             outcome = "error"
         self.outcomes[nodeid] = outcome
         if not report.passed:
-            self.messages[nodeid] = _text(report.longrepr)[-1500:]
+            self.messages[nodeid] = _exact(report.longrepr)[-1500:]
         if when == "teardown":
             message = "" if outcome == "passed" else self.messages.get(nodeid, "")
-            emit("test", id=nodeid, outcome=str(outcome or "error"), message=message)
+            emit("test", id=nodeid, outcome=_exact(outcome or "error"), message=message)
 
     def pytest_runtest_logfinish(self, nodeid, location):
-        emit("finish", id=str(nodeid))
+        emit("finish", id=_exact(nodeid))
 
     def pytest_sessionfinish(self, session, exitstatus):
         # Here, not after pytest.main: pytest's unconfigure then undoes its own class patches.
@@ -307,6 +323,13 @@ class Report:
         emit("end", exitstatus=int(exitstatus))
 
     ended = False
+
+
+def _exact(value):
+    """``value`` as an exact ``str``: a record holds nothing whose methods are the tested
+    code's (a ``str`` subclass would run them inside the guard)."""
+    text = value if isinstance(value, str) else _text(value)
+    return "".join([text]) if isinstance(text, str) else ""
 
 
 def _text(value):

@@ -16,6 +16,7 @@ COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "ord
                "GtE": "order"}
 PROBE = "__tempering_probe__"
 DONE = "__tempering_done__"
+ENTER = "__tempering_enter__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -143,10 +144,17 @@ def instrument(tree, calls=True):
     tree.body = statements(tree.body)
     if calls:
         Calls().visit(tree)
-    for node in ast.walk(tree):  # a runner collects test*: each says when it got to its end
+    def enter(like):
+        return at(ast.Expr(at(ast.Call(at(ast.Name(ENTER, ast.Load()), like), [], []), like)),
+                  like)
+
+    for node in ast.walk(tree):  # a runner collects test*: each says it began and got to its end
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
                 node.name.startswith("test"):
-            node.body = finish(node.body, node.body[-1])
+            body = finish(node.body, node.body[-1])
+            docstring = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                         and isinstance(body[0].value.value, str))
+            node.body = body[:docstring] + [enter(body[0])] + body[docstring:]
     return tree
 
 

@@ -72,6 +72,15 @@ _addr = object.__hash__  # an object's address, as id() gives it, without id()'s
 PLAIN = (str, int, float, bool, type(None))
 
 
+def _among(kind, kinds):
+    """Whether ``kind`` is one of ``kinds``, by identity (``in`` would ask ``==``, which a
+    metaclass of the tested code's answers, inside the guard)."""
+    for one in kinds:
+        if kind is one:
+            return True
+    return False
+
+
 def report(event, **record):
     """What harness code calls to add a line to the report (the guard decides whether it may).
     The guard judges the caller of this function, not this function."""
@@ -94,9 +103,9 @@ def _text(value):
 
 def _plain(value, depth=0):
     """Whether a record value is made of plain data only (no object of the tested code's)."""
-    if type(value) in PLAIN:
+    if _among(type(value), PLAIN):
         return True
-    if depth < 3 and type(value) in (list, tuple):
+    if depth < 3 and (type(value) is list or type(value) is tuple):
         return all(_plain(v, depth + 1) for v in value)
     if depth < 3 and type(value) is dict:
         return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
@@ -139,7 +148,7 @@ def _bindings(mapping):
     the callables, modules and descriptors (``callable`` and ``type`` run none of the values'
     own code)."""
     return [k for k, v in list(mapping.items())
-            if callable(v) or type(v) in _BINDING_KINDS]
+            if callable(v) or _among(type(v), _BINDING_KINDS)]
 
 
 _MISSING = object()  # what a deleted key reads as: it is nothing the record holds
@@ -424,8 +433,9 @@ class Guard:
                               "(or on another plugin than the one pytest runs)",
                               _text(caller) or "?")
                     return
-                if type(args[0]) is dict and _text(args[0].get("event")) == "done":
-                    self.reached_end(frame, code)
+                marker = _text(args[0].get("event")) if type(args[0]) is dict else None
+                if marker == "done" or marker == "enter":
+                    self.marked(marker, frame, code)
                     return
                 self.request(args[0], code)
             elif event == "tempering.code":  # (path, box): the loader asks for a hidden file
@@ -434,8 +444,12 @@ class Guard:
                     box.append(self.codes.get(path))
             else:
                 self.check(event, args)
-        except Exception:  # a hook that raises would break the tested code, not protect it
-            pass
+        except Exception as exc:  # raising would break the tested code, not protect it
+            try:  # but the guard could not judge this event: said, so it is never silent
+                self.flag("guard_error", f"{_text(event) or '?'}: {type(exc).__name__}",
+                          "the guard")
+            except Exception:
+                pass
         finally:
             self.local.busy = False
         denied = getattr(self.local, "deny", None)
@@ -474,15 +488,22 @@ class Guard:
             self.seen.add((flag, detail))
             self.write({"event": "audit", "flag": flag, "detail": detail, "where": where})
 
-    def reached_end(self, frame, code):
-        """A hidden test function reached one of its normal exits (``inside.done``, which the
-        instrumentation calls there): the current test ran to its end, if it is that test's
-        function. Only the hidden code may say so."""
-        test = frame.f_back.f_code if frame is not None and frame.f_back is not None else None
+    def marked(self, marker, frame, code):
+        """A hidden test function began (``enter``) or reached one of its normal exits
+        (``done``): the instrumentation calls the launcher's ``inside.enter``/``inside.done``
+        there, and only the hidden code may. A hidden test the tested code called (an oracle:
+        its assertions show what is expected) is ``read_tests``; a current test whose function
+        got to its end may pass."""
+        caller = frame.f_back if frame is not None else None
+        test = caller.f_code if caller is not None else None
         if code is None or _addr(code) not in self.emitters or test is None or \
                 _addr(test) not in self.test_codes:
             where = _text(getattr(test, "co_filename", None)) or "?"
-            self.flag("forged_report", f"a test's end reported from {where}", where)
+            self.flag("forged_report", f"a test's {marker} reported from {where}", where)
+        elif marker == "enter":
+            where = self.in_stack(caller.f_back)
+            if where is not None:
+                self.flag("read_tests", f"called the hidden test {_text(test.co_name)}", where)
         elif self.current is not None and test.co_name == _test_name(self.current):
             self.completed.add(self.current)
 
@@ -608,14 +629,14 @@ class Guard:
         return self.library(name) and (function in HANDS_OUT_FRAMES or not any(
             _startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION))
 
-    def in_stack(self):
+    def in_stack(self, start=None):
         """The tested code's file if its frame is anywhere on the stack.
 
         A frame walked to the bottom without meeting the tested code's is remembered, and a
         later walk that reaches it stops there: a running frame's callers cannot change, and
         it never runs again once it returned. A generator's or coroutine's frame runs again
         under whoever resumes it, so none is remembered."""
-        frame, walked, clean = sys._getframe(3), [], self.clean
+        frame, walked, clean = sys._getframe(3) if start is None else start, [], self.clean
         while frame is not None and frame not in clean:
             code = frame.f_code
             name = _text(code.co_filename) or ""
@@ -702,7 +723,8 @@ class Guard:
                 self.flag("ctypes", event, where)
                 self.local.deny = f"{event} by the tested code"
         elif event in ("os.kill", "os.killpg"):
-            if args[0] in (self.pid, os.getppid(), 0, -1, os.getpgid(0)):
+            if type(args[0]) is int and args[0] in (self.pid, os.getppid(), 0, -1,
+                                                    os.getpgid(0)):
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("kills_test_process", f"{event}{tuple(args)}", where)
@@ -821,7 +843,7 @@ def _functions(space, name):
     for value in list(space.values()):
         members = [value]
         if type(value) is type and value.__module__ == name:
-            members = [m.__func__ if type(m) in (staticmethod, classmethod) else m
+            members = [m.__func__ if type(m) is staticmethod or type(m) is classmethod else m
                        for m in list(_type_dict(value).values())]
         for member in members:
             if type(member) is _function and member.__globals__ is space \

@@ -29,7 +29,9 @@ TAMPER: dict[str, str] = {
     "early_exit": "the test process exited with status 0 before its tests finished",
     "tests_skipped": "tests were skipped or xfailed by the tested code",
     "test_count_mismatch": "the number of tests collected differs from the number expected",
-    "runner_tampered": "a canary test had the wrong outcome: the test runner was tampered with",
+    "runner_tampered": "the test runner was tampered with: a canary had the wrong outcome, a "
+                       "test passed without its function running to its end, or what decides "
+                       "outcomes was replaced",
     "forged_report": "a report line failed its authentication",
 }
 NOTES: dict[str, str] = {
@@ -46,6 +48,7 @@ NOTES: dict[str, str] = {
                      "pytest with its own ini file, so it cannot change how the tests run)",
     "tests_dir_edit": "a new file the agent put in the hidden tests directory was dropped",
     "binary_dropped": "a compiled module was dropped (the task does not allow binaries)",
+    "guard_error": "the grading guard failed on an event of the test process (see details)",
 }
 
 TestOutcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]
