@@ -59,3 +59,24 @@ class _borrowed:  # noqa: N801 - an async context manager that does not close th
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+async def _repelled(task: Task, stats: str, runners: tuple[str, ...], name: str,
+                    *, honest_pass: str | None = "tests/test_median.py::test_empty_raises"
+                    ) -> None:
+    """A red team's ``stats.py`` for the median task must not beat the grader under the
+    runners it targets (the others are skipped): reward 0, or no more passing than the stub
+    can pass honestly (``honest_pass``, None for none), and more passing only with a flag."""
+    if task.config.grading.runner not in runners:
+        pytest.skip(f"{name!r} targets pytest's machinery")
+    result = await _attempt(task, {"stats.py": stats})
+    passed = [t.id for t in result.tests if t.outcome == "passed"]
+    assert result.reward == 0.0 or passed == [honest_pass], (
+        result.reward, result.flags, result.details[:5], passed)
+    assert result.tampered or len(passed) <= 1, (result.flags, passed)
+
+
+@pytest.fixture
+def repelled():  # type: ignore[no-untyped-def]
+    """``await repelled(task, stats, runners, name)``: the attack does not beat the grader."""
+    return _repelled

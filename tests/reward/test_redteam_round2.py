@@ -406,15 +406,9 @@ def median(values):
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
-async def test_round_two_attack_does_not_beat_the_grader(name: str, task, attempt) -> None:
+async def test_round_two_attack_does_not_beat_the_grader(name: str, task, repelled) -> None:
     stats, runners = ATTACKS[name]
-    if task.config.grading.runner not in runners:
-        pytest.skip(f"{name!r} targets pytest's machinery")
-    result = await attempt(task, {"stats.py": stats})
-    passed = [t.id for t in result.tests if t.outcome == "passed"]
-    assert result.reward == 0.0 or passed == ["tests/test_median.py::test_empty_raises"], (
-        result.reward, result.flags, result.details[:5], passed)
-    assert result.tampered or len(passed) <= 1, (result.flags, passed)
+    await repelled(task, stats, runners, name)
 
 
 
@@ -766,4 +760,3 @@ async def test_a_lone_surrogate_in_a_message_cannot_lose_the_episode(task, attem
     result = await attempt(task, {"stats.py": stub})
     assert result.reward == 0.0
     model_json(result)  # serialises: no lone surrogate is left in it
-

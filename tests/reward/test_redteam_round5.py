@@ -225,14 +225,9 @@ def median(values):
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
-async def test_round_five_attack_does_not_beat_the_grader(name: str, task, attempt) -> None:
+async def test_round_five_attack_does_not_beat_the_grader(name: str, task, repelled) -> None:
     stats, runners = ATTACKS[name]
-    if task.config.grading.runner not in runners:
-        pytest.skip(f"{name!r} targets pytest's machinery")
-    result = await attempt(task, {"stats.py": stats})
-    passed = [t.id for t in result.tests if t.outcome == "passed"]
-    assert result.reward == 0.0, (result.flags, result.details[:5], passed)
-    assert result.tampered or len(passed) <= 1, (result.flags, passed)
+    await repelled(task, stats, runners, name, honest_pass=None)
 
 
 SORT_TESTS = b"""from sorting import sort3
