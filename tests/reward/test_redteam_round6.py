@@ -1,5 +1,5 @@
-"""Red team, round six: what a fourth independent red team found (issue #14), against the
-fixes for round five.
+"""Red team, rounds six and seven: what the fourth and fifth independent red teams found (issue
+#14), each against the fixes for the round before.
 
 Each attack is the ``stats.py`` the red team left, run through the real grader on
 ``examples/tasks/median`` under the runners it targets; it must not beat the grader (reward 0,
@@ -157,10 +157,61 @@ def median(values):
     raise NotImplementedError
 ''',
         ('pytest',)),
+    # Round seven, against the round-six fixes.
+    "the probe's questions told from the assertion by the stack's depth": ('''
+_learned = {}
+
+
+def _room(n=0):
+    try:
+        return _room(n + 1)
+    except RecursionError:
+        return n
+
+
+class Answer:
+    """Compares equal to what the caller's own frame compares it with (learned by stack depth)."""
+
+    def __init__(self, key):
+        self.key = key
+        self.depth = None
+        self.value = None
+
+    def __eq__(self, other):
+        here = _room()
+        if self.depth is None:
+            self.depth = here  # first comparison: the probe's frame, one deeper than the test
+        if self.value is not None:
+            return other == self.value
+        if here > self.depth and isinstance(other, (int, float)):
+            self.value = other  # one frame shallower: the test's own assert
+            _learned[self.key] = other
+            return True
+        return False
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+def median(values):
+    """The median of a non-empty list of numbers."""
+    if not values:
+        raise ValueError("median of an empty list")
+    key = tuple(values)
+    if key in _learned:
+        return _learned[key]
+    return Answer(key)
+''',
+        ('pytest', 'plain')),
 }
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
 async def test_round_six_attack_does_not_beat_the_grader(name: str, task, repelled) -> None:
     stats, runners = ATTACKS[name]
-    await repelled(task, stats, runners, name, honest_pass=None)
+    await repelled(task, stats, runners, name)

@@ -35,6 +35,7 @@ del sys.path[0]
 emit = guard_module.report
 hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
+PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -71,6 +72,97 @@ def _neighbour(expected):
     if kind is list or kind is tuple:
         return kind([*expected, None])
     return _NO
+
+
+def _honest(value, depth=0):
+    """Whether ``value`` is made of the builtin kinds only (no object of the tested code's to
+    ask): a plain value, or a list, tuple, set or dict of them, looked into a little way."""
+    kind = type(value)
+    if _among(kind, _PLAIN):
+        return True
+    if depth > 3 or not _among(kind, (list, tuple, set, frozenset, dict)):
+        return False
+    items = list(value.items()) if kind is dict else list(value)
+    return len(items) <= 1000 and all(_honest(item, depth + 1) for item in items)
+
+
+def _variants(expected, count):
+    """Up to ``count`` values of ``expected``'s kind and shape that differ from it, on both
+    sides (2 -> 0, 3, 5...; one item of a list changed): an honest value equals none."""
+    out = []
+    kind = type(expected)
+    for _ in range(count * 2):
+        if len(out) >= count:
+            break
+        step = 1 + os.urandom(1)[0] % 9
+        if kind is bool:
+            out.append(not expected)
+        elif kind is int:
+            out.append(expected + step if os.urandom(1)[0] & 1 else expected - step)
+        elif kind is float and expected == expected and abs(expected) != float("inf"):
+            delta = (1.0 + abs(expected)) * step
+            out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
+        elif kind is str or kind is bytes:
+            extra = kind(chr(97 + step) if kind is str else bytes([97 + step]))
+            out.append(expected + extra if os.urandom(1)[0] & 1 or not expected
+                       else expected[:-1])
+        elif (kind is list or kind is tuple) and expected:
+            at = os.urandom(1)[0] % len(expected)
+            changed = _variants(expected[at], 1)
+            if changed:
+                out.append(kind([*expected[:at], changed[0], *expected[at + 1:]]))
+        else:
+            break
+        if out and any(out[-1] == seen for seen in out[:-1]):
+            out.pop()  # each value once: an honest value may equal one of them, once
+    return out
+
+
+def probe_equal(value, other):
+    """What the instrumented test compares ``value`` with, in its own frame, before it
+    asserts ``value == other``: nothing for a value of the builtin kinds; else fresh objects,
+    values of ``other``'s kind and shape that differ from it, and ``other`` itself, in an
+    order the value cannot predict. Asked from the test's own frame, each question comes
+    from where the assertion will: the value cannot tell them apart by the stack (a depth it
+    can measure without a frame), and must answer ``other`` as it will at the assertion."""
+    if _honest(value):
+        return []
+    asks = [_Fresh() for _ in range(1 + os.urandom(1)[0] % 4)]
+    if _honest(other):
+        asks += _variants(other, 1 + os.urandom(1)[0] % 8)
+        asks.append(other)
+    shuffled = []
+    while asks:
+        shuffled.append(asks.pop(os.urandom(1)[0] % len(asks)))
+    return shuffled
+
+
+def claim(value, asked, other, said):
+    """The instrumented test found ``value == asked`` true while probing; ``said`` is what
+    earlier answers of the same probe said (bit 1: equal to ``other``, the other operand;
+    bit 2: equal to one value like it). A fresh object, or a second value, is a lie: a real
+    value equals at most one number (a wrong answer may be the one a variant names)."""
+    if asked is other:
+        return said | 1
+    if type(asked) is not _Fresh and not said & 2:
+        return said | 2
+    name = type(value).__qualname__
+    emit("audit", flag="always_equal", detail=f"a {name} that claims to equal what it is "
+         "not", where=_exact(getattr(type(value), "__module__", "?")))
+    raise AssertionError(f"{name} compares true with what it is not")
+
+
+def held(left, right, left_said, right_said):
+    """After ``assert left == right`` held: a side probed against the other must have said
+    so when probed, and only that (an object that answers the assertion and not the same
+    question a moment before tells the questions apart). None: a side not probed (a literal,
+    a matcher such as ``pytest.approx``)."""
+    for value, other, said in ((left, right, left_said), (right, left, right_said)):
+        if said is not None and not _honest(value) and _honest(other) and said != 1:
+            name = type(value).__qualname__
+            emit("audit", flag="always_equal", detail=f"a {name} whose equality changes from "
+                 "call to call", where=_exact(getattr(type(value), "__module__", "?")))
+            raise AssertionError(f"{name} is equal, then not")
 
 
 def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
@@ -174,6 +266,9 @@ def _run_hidden(module, path, code):
     module.__dict__[PROBE] = probe
     module.__dict__[DONE] = done
     module.__dict__[ENTER] = enter
+    module.__dict__[PROBE_EQUAL] = probe_equal
+    module.__dict__[CLAIM] = claim
+    module.__dict__[HELD] = held
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     if module.__dict__.get(PROBE) is not probe:
@@ -222,7 +317,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(probe, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
+    guard.allow(probe, claim, held, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them

@@ -17,6 +17,7 @@ COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "ord
 PROBE = "__tempering_probe__"
 DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
+PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -78,27 +79,54 @@ def instrument(tree, calls=True):
             return [node]
         left, right = test.left, test.comparators[0]
         equal = type(test.ops[0]).__name__ == "Eq"
-        for side, other in ((0, right), (1, left)) if equal else ():
-            operand = (left, right)[side]
-            if literal(other) and not literal(operand) and not matcher(operand):
-                # v = probe(x, "eq", 2); assert v == 2; probe(v, "after", 2): the value
-                # in a local of the test's own, asked again once the assertion held
-                name = f"_tempering_v{next(sites)}"
-                held = at(ast.Assign(targets=[at(ast.Name(name, ast.Store()), node)],
-                                     value=call(operand, operand, at(ast.Constant("eq"), node),
-                                                copy(other))), node)
-                use = at(ast.Name(name, ast.Load()), operand)
-                if side == 0:
-                    test.left = use
-                else:
-                    test.comparators = [use]
-                after = at(ast.Expr(call(node, at(ast.Name(name, ast.Load()), node),
-                                         at(ast.Constant("after"), node), copy(other))), node)
-                return [held, node, after]
+        if equal and not (literal(left) and literal(right)):
+            return equality(node, left, right)
         test.left = wrap(left, kind)
-        if kind != "eq" or equal:
+        if kind != "eq":  # "in": what is looked for is probed, not where
             test.comparators = [wrap(right, kind)]
         return [node]
+
+    def name(text, like, store=False):
+        return at(ast.Name(text, ast.Store() if store else ast.Load()), like)
+
+    def assign(text, value, like):
+        return at(ast.Assign(targets=[name(text, like, True)], value=value), like)
+
+    def helper(func, like, *args):
+        return at(ast.Call(func=name(func, like), args=list(args), keywords=[]), like)
+
+    def equality(node, left, right):
+        """``assert a == b`` as: both operands in locals of the test's own; each (not a
+        literal, not a matcher) compared, in this frame, with what ``PROBE_EQUAL`` gives
+        (fresh objects, values like the other operand, the other operand itself), any true
+        answer but the other operand's raising in ``CLAIM``; the assertion on the locals;
+        ``HELD`` then checks the probed sides said equal when probed too."""
+        n = next(sites)
+        a, b, said_a, said_b = (f"_tempering_{x}{n}" for x in ("a", "b", "sa", "sb"))
+        out = [assign(a, left, node), assign(b, right, node),
+               assign(said_a, at(ast.Constant(None), node), node),
+               assign(said_b, at(ast.Constant(None), node), node)]
+        for mine, theirs, said, operand in ((a, b, said_a, left), (b, a, said_b, right)):
+            if literal(operand) or matcher(operand):
+                continue
+            out.append(assign(said, at(ast.Constant(0), node), node))
+            asked = f"_tempering_o{n}"
+            found = at(ast.If(
+                test=at(ast.Compare(left=name(mine, node), ops=[ast.Eq()],
+                                    comparators=[name(asked, node)]), node),
+                body=[assign(said, helper(CLAIM, node, name(mine, node), name(asked, node),
+                                          name(theirs, node), name(said, node)), node)],
+                orelse=[]), node)
+            out.append(at(ast.For(target=name(asked, node, True),
+                                  iter=helper(PROBE_EQUAL, node, name(mine, node),
+                                              name(theirs, node)),
+                                  body=[found], orelse=[]), node))
+        node.test = at(ast.Compare(left=name(a, node), ops=[ast.Eq()],
+                                   comparators=[name(b, node)]), node.test)
+        out.append(node)
+        out.append(at(ast.Expr(helper(HELD, node, name(a, node), name(b, node),
+                                      name(said_a, node), name(said_b, node))), node))
+        return out
 
     def statements(body):
         out = []
