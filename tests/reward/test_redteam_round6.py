@@ -1,4 +1,4 @@
-"""Red team, rounds six and seven: what the fourth and fifth independent red teams found (issue
+"""Red team, rounds six to eight: what the fourth to sixth independent red teams found (issue
 #14), each against the fixes for the round before.
 
 Each attack is the ``stats.py`` the red team left, run through the real grader on
@@ -206,6 +206,46 @@ def median(values):
     if key in _learned:
         return _learned[key]
     return Answer(key)
+''',
+        ('pytest', 'plain')),
+    # Round eight, against the round-seven fix.
+    "the expected value told from the probe's by its reference count": ('''
+import sys, warnings
+_WORDS = ("basic", "edge", "extra", "more", "cases", "regression", "values", "inputs", "small",
+          "large", "mixed", "again", "other", "simple", "random", "known", "spec", "checks")
+
+def _caller_file():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        warnings.warn("x", stacklevel=3)  # _caller_file -> __eq__ -> test frame
+    return w[0].filename if w else ""
+
+class Oracle:
+    def __init__(self):
+        self.yes = None
+    def __eq__(self, x):
+        if self.yes is not None:
+            return x is self.yes
+        if type(x) is not float:
+            return False
+        rc = sys.getrefcount(x)
+        if rc < 7:
+            return False
+        stem = _caller_file().rsplit("/", 1)[-1][:-3]
+        if any(stem.endswith("_" + w) for w in _WORDS):
+            return False
+        self.yes = x
+        return True
+    def __ne__(self, x):
+        return not self.__eq__(x)
+    __hash__ = object.__hash__
+    def __repr__(self):
+        return "Oracle()"
+
+def median(xs):
+    if not xs:
+        raise ValueError("empty")
+    return Oracle()
 ''',
         ('pytest', 'plain')),
 }

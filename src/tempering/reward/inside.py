@@ -118,6 +118,25 @@ def _variants(expected, count):
     return out
 
 
+def _copy(value):
+    """An equal value of the same kind built anew (an int or str is one, interned or not,
+    only where CPython shares it): the probe asks with this, never with the test's own
+    object, so identity, ``id`` and reference counts do not say which question is the
+    expected value."""
+    kind = type(value)
+    if kind is int:
+        return (value + 1) - 1 if not -5 <= value <= 256 else value
+    if kind is float:
+        return value + 0.0 if value == value else float("nan")
+    if kind is str or kind is bytes:
+        return value[:1] + value[1:] if len(value) > 1 else value
+    if kind is list or kind is tuple or kind is set or kind is frozenset:
+        return kind(_copy(item) for item in value)
+    if kind is dict:
+        return {_copy(key): _copy(item) for key, item in value.items()}
+    return value
+
+
 def probe_equal(value, other):
     """What the instrumented test compares ``value`` with, in its own frame, before it
     asserts ``value == other``: nothing for a value of the builtin kinds; else fresh objects,
@@ -130,7 +149,7 @@ def probe_equal(value, other):
     asks = [_Fresh() for _ in range(1 + os.urandom(1)[0] % 4)]
     if _honest(other):
         asks += _variants(other, 1 + os.urandom(1)[0] % 8)
-        asks.append(other)
+        asks.append(_copy(other))
     shuffled = []
     while asks:
         shuffled.append(asks.pop(os.urandom(1)[0] % len(asks)))
@@ -139,11 +158,12 @@ def probe_equal(value, other):
 
 def claim(value, asked, other, said):
     """The instrumented test found ``value == asked`` true while probing; ``said`` is what
-    earlier answers of the same probe said (bit 1: equal to ``other``, the other operand;
+    earlier answers of the same probe said (bit 1: equal to ``other``, the other operand, as
+    the probe's copy of it;
     bit 2: equal to one value like it). A fresh object, or a second value, is a lie: a real
     value equals at most one number (a wrong answer may be the one a variant names)."""
-    if asked is other:
-        return said | 1
+    if type(asked) is not _Fresh and _honest(asked) and _honest(other) and asked == other:
+        return said | 1  # the probe's copy of the other operand (both of builtin kinds)
     if type(asked) is not _Fresh and not said & 2:
         return said | 2
     name = type(value).__qualname__
@@ -322,6 +342,7 @@ def prepare(config, fd, pytest_hooks=False):
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
     _frameless_signals(type(guard).__call__.__code__)
+    _audited_refcounts()
     del guard  # from here on, only audit events reach it
     guard_module.undumpable()
     finder = next((i for i, f in enumerate(sys.meta_path)
@@ -330,6 +351,18 @@ def prepare(config, fd, pytest_hooks=False):
     os.chdir(workspace)
     sys.path.extend([tests, workspace])
     return workspace, tests
+
+
+def _audited_refcounts():
+    """``sys.getrefcount`` raises an audit event (``tempering.refcount``) the guard flags
+    when the tested code asks: how many references an object has tells the test's own
+    objects from the probe's, which no frame would."""
+    def getrefcount(obj, _count=sys.getrefcount, _audit=sys.audit):
+        _audit("tempering.refcount")
+        return _count(obj) - 1  # this frame's own reference
+
+    getrefcount.__doc__ = sys.getrefcount.__doc__
+    sys.getrefcount = getrefcount
 
 
 def _frameless_signals(guard_code):

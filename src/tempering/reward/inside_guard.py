@@ -38,7 +38,7 @@ WATCHED = frozenset({
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
     "object.__setattr__", "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile",
-    "code.__new__", REPORT_EVENT, "tempering.code",
+    "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount",
 })
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
                          "f_code"})
@@ -325,6 +325,10 @@ class Guard:
         self._codes = []  # and the objects themselves, so the addresses stay theirs
         self.integrity = Integrity()
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
+        self.launcher_globals = {_addr(_module_dict(m)) for m in list(sys.modules.values())
+                                 if issubclass(type(m), _module) and _startswith(
+                                     _text(_module_dict(m).get("__file__")) or "",
+                                     launcher_dir.rstrip("/") + "/")}  # its defaults: ours
         self.guarded_globals = set()  # and of every namespace in the integrity record
         self.state = "new"  # new -> started -> collected -> ended
         self.collected = set()
@@ -686,7 +690,8 @@ class Guard:
                 if where is not None:
                     self.flag("introspection", f"frame attribute {args[1]}", where)
             elif (name in CODE_ATTRS and type(args[0]) is _function
-                  and _addr(args[0].__globals__) in self.test_globals):
+                  and (_addr(args[0].__globals__) in self.test_globals
+                       or _addr(args[0].__globals__) in self.launcher_globals)):
                 where = self.in_stack()
                 if where is not None:
                     self.flag("read_tests", f"the code of test {_text(args[0].__qualname__)}",
@@ -722,6 +727,10 @@ class Guard:
             if where is not None:
                 self.flag("ctypes", event, where)
                 self.local.deny = f"{event} by the tested code"
+        elif event == "tempering.refcount":  # from the launcher's wrapper: who called it
+            where = self.in_stack()
+            if where is not None:
+                self.flag("introspection", "sys.getrefcount", where)
         elif event in ("os.kill", "os.killpg"):
             if type(args[0]) is int and args[0] in (self.pid, os.getppid(), 0, -1,
                                                     os.getpgid(0)):
