@@ -255,3 +255,38 @@ def median(xs):
 async def test_round_six_attack_does_not_beat_the_grader(name: str, task, repelled) -> None:
     stats, runners = ATTACKS[name]
     await repelled(task, stats, runners, name)
+
+
+LOTTERY = '''class _R:
+    def __init__(self):
+        self.pick = None
+
+    def __eq__(self, other):
+        if type(other) is not int and type(other) is not float:
+            return False  # the probe's fresh objects
+        if self.pick is None:  # bet the first number asked is the expected value
+            self.pick = other
+            return True
+        return other == self.pick  # and stay consistent
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+
+def median(xs):
+    if not xs:
+        raise ValueError("empty")
+    return _R()
+'''
+
+
+async def test_betting_on_one_of_the_probes_numbers_loses_on_average(task, attempt) -> None:
+    """Round nine: an object that bets the first number the probe asks is the expected one,
+    and answers consistently after. It wins an assertion only if it bet on the probe's copy
+    (one among 12-31 variants), and a bet on a float variant is flagged (no honest value
+    lands on their unround offsets), so on average it earns less than the honest stub's 0.2.
+    Statistical: it fails by chance about once in 500 runs."""
+    rewards = [(await attempt(task, {"stats.py": LOTTERY})).reward for _ in range(8)]
+    assert sum(rewards) / len(rewards) < 0.2, rewards

@@ -94,16 +94,19 @@ def _variants(expected, count):
     for _ in range(count * 2):
         if len(out) >= count:
             break
-        step = 1 + os.urandom(1)[0] % 9
+        step = 1 + os.urandom(1)[0] % 24
         if kind is bool:
             out.append(not expected)
         elif kind is int:
             out.append(expected + step if os.urandom(1)[0] & 1 else expected - step)
         elif kind is float and expected == expected and abs(expected) != float("inf"):
-            delta = (1.0 + abs(expected)) * step
+            # A random, unround offset: no honest computation lands on it, so a float
+            # equal to one is a lie (float_variant).
+            delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
+                                             / 2 ** 32) / 4
             out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
         elif kind is str or kind is bytes:
-            extra = kind(chr(97 + step) if kind is str else bytes([97 + step]))
+            extra = kind(chr(96 + step) if kind is str else bytes([96 + step]))
             out.append(expected + extra if os.urandom(1)[0] & 1 or not expected
                        else expected[:-1])
         elif (kind is list or kind is tuple) and expected:
@@ -148,7 +151,9 @@ def probe_equal(value, other):
         return []
     asks = [_Fresh() for _ in range(1 + os.urandom(1)[0] % 4)]
     if _honest(other):
-        asks += _variants(other, 1 + os.urandom(1)[0] % 8)
+        # Many of them: a value that bets on one number before the assertion (and answers
+        # it consistently after) wins only if it bets on the copy.
+        asks += _variants(other, 12 + os.urandom(1)[0] % 20)
         asks.append(_copy(other))
     shuffled = []
     while asks:
@@ -164,8 +169,8 @@ def claim(value, asked, other, said):
     value equals at most one number (a wrong answer may be the one a variant names)."""
     if type(asked) is not _Fresh and _honest(asked) and _honest(other) and asked == other:
         return said | 1  # the probe's copy of the other operand (both of builtin kinds)
-    if type(asked) is not _Fresh and not said & 2:
-        return said | 2
+    if type(asked) is not _Fresh and type(asked) is not float and not said & 2:
+        return said | 2  # a wrong answer that happens to be this variant (not for floats)
     name = type(value).__qualname__
     emit("audit", flag="always_equal", detail=f"a {name} that claims to equal what it is "
          "not", where=_exact(getattr(type(value), "__module__", "?")))
