@@ -287,18 +287,17 @@ def _run_hidden(module, path, code):
     ``module``, which the guard watches from before its code runs to after."""
     if isinstance(code, BaseException):
         raise code
+    hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
+             HELD: held}
     module.__file__ = path
-    module.__dict__[PROBE] = probe
-    module.__dict__[DONE] = done
-    module.__dict__[ENTER] = enter
-    module.__dict__[PROBE_EQUAL] = probe_equal
-    module.__dict__[CLAIM] = claim
-    module.__dict__[HELD] = held
+    module.__dict__.update(hooks)
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
-    if module.__dict__.get(PROBE) is not probe:
-        emit("audit", flag="runner_tampered", detail=f"the probe of {path} was replaced",
-             where=path)
+    for name, hook in hooks.items():  # the tested code it imported could have swapped them
+        if module.__dict__.get(name) is not hook:
+            emit("audit", flag="runner_tampered", detail=f"the {name} of {path} was replaced",
+                 where=path)
+    module.__dict__.update(hooks)  # what the guard freezes into the module's code, next
     emit("loaded", module=module, path=path)  # its builtins frozen; its functions must stay
 
 
