@@ -21,9 +21,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import secrets
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from tempering.reward.kept import Kept
 
 WORDS = ("basic", "edge", "extra", "more", "cases", "regression", "values", "inputs", "small",
          "large", "mixed", "again", "other", "simple", "random", "known", "spec", "checks")
@@ -47,7 +48,6 @@ class Canaries:
 # per process, so no hidden test's own text can hold them.
 _NAME = f"_tempering_name_{secrets.token_hex(8)}"
 _LITERAL = f"_tempering_literal_{secrets.token_hex(8)}"
-_PLANS_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class _Plan:
     taken: frozenset[str]  # every hidden file's path, relative to the workdir
 
 
-_plans: OrderedDict[bytes, _Plan] = OrderedDict()
+_plans: Kept[bytes, _Plan] = Kept(1024)  # by the suite's digest
 
 
 def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: str) -> Canaries:
@@ -121,14 +121,7 @@ def _plan(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Plan:
     for path in sorted(sources):
         digest.update(b"\0%d\0%s\0" % (len(path), path.encode()))
         digest.update(hashlib.blake2b(sources[path], digest_size=16).digest())
-    key = digest.digest()
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _work_out(sources, workdir, tests_dir)
-        while len(_plans) > _PLANS_KEPT:
-            _plans.popitem(last=False)
-    _plans.move_to_end(key)
-    return plan
+    return _plans.get(digest.digest(), lambda: _work_out(sources, workdir, tests_dir))
 
 
 def _work_out(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Plan:

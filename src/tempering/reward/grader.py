@@ -20,12 +20,12 @@ from __future__ import annotations
 import ast
 import asyncio
 import time
-from collections import OrderedDict
 from importlib.util import MAGIC_NUMBER
 from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
+from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
     Launcher,
@@ -299,33 +299,20 @@ def _write_all(storage: Storage, files: list[tuple[str, bytes, int]]) -> None:
         storage.write(path, data, mode)
 
 
-_imports: OrderedDict[str, str] = OrderedDict()  # by task digest
-_compiled: OrderedDict[tuple[str, str], dict[str, bytes]] = OrderedDict()  # by digest, workdir
+_imports: Kept[str, str] = Kept(KEPT)  # by task digest
+_compiled: Kept[tuple[str, str], dict[str, bytes]] = Kept(KEPT)  # by task digest, workdir
 
 
 def compiled_tests(task: Task, workdir: str, sources: dict[str, bytes]) -> dict[str, bytes]:
     """The task's hidden Python files (``sources``), compiled here for the zygote, once per
     task."""
-    key = (task.digest, workdir)
-    found = _compiled.get(key)
-    if found is None:
-        found = _compiled[key] = compile_sources(sources)
-        while len(_compiled) > KEPT:
-            _compiled.popitem(last=False)
-    _compiled.move_to_end(key)
-    return found
+    return _compiled.get((task.digest, workdir), lambda: compile_sources(sources))
 
 
 def canary_imports(task: Task) -> str:
     """The hidden tests' top-level imports, each guarded, for the canary file to repeat
     (worked out once per task)."""
-    found = _imports.get(task.digest)
-    if found is None:
-        found = _imports[task.digest] = _canary_imports(task)
-        while len(_imports) > KEPT:
-            _imports.popitem(last=False)
-    _imports.move_to_end(task.digest)
-    return found
+    return _imports.get(task.digest, lambda: _canary_imports(task))
 
 
 def _canary_imports(task: Task) -> str:

@@ -24,7 +24,6 @@ import py_compile
 import secrets
 import sys
 import tempfile
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -33,6 +32,7 @@ from types import CodeType
 
 from tempering.reward import canary
 from tempering.reward.inside_compile import compile_hidden
+from tempering.reward.kept import Kept
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
 from tempering.tasks.files import FileTree
@@ -218,7 +218,7 @@ _BREAKS = f"test_tempering_b{secrets.token_hex(8)}"
 _HOLDS = f"test_tempering_h{secrets.token_hex(8)}"
 _NUMBER, _INT = (1 << 62) + secrets.randbits(40), (1 << 61) + secrets.randbits(40)
 _STR = f"\0tempering {secrets.token_hex(8)}"
-_templates: OrderedDict[tuple[str, str | None], CodeType | None] = OrderedDict()
+_templates: Kept[tuple[str, str | None], CodeType | None] = Kept(1024)
 
 
 def canary_code(made: canary.Canaries, path: str) -> bytes | None:
@@ -231,20 +231,21 @@ def canary_code(made: canary.Canaries, path: str) -> bytes | None:
         return None
     template, breaks, literal, holds, number = made.parts
     drawn = type(literal) in (int, str)
-    key = (template, None if drawn else repr(literal))
-    code = _templates.get(key)
-    if key not in _templates:
-        stand_in = {int: _INT, str: _STR}.get(type(literal), literal)
-        text = f"{canary.fill(template, _BREAKS, stand_in)}\n\n\n{canary.holding(_HOLDS, _NUMBER)}"
-        compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False)["<canary>"]
-        code = _templates[key] = compiled if isinstance(compiled, CodeType) else None
-        while len(_templates) > 1024:
-            _templates.popitem(last=False)
+    code = _templates.get((template, None if drawn else repr(literal)),
+                          lambda: _template_code(template, literal))
     if code is None:
         return None
     names = {_BREAKS: breaks, _HOLDS: holds}
     consts = {(int, _NUMBER): number, (int, _INT): literal, (str, _STR): literal}
     return marshal.dumps(_fill_code(code, names, consts, path))
+
+
+def _template_code(template: str, literal: object) -> CodeType | None:
+    """A mutant's template compiled with the stand-ins (None if it does not compile)."""
+    stand_in = {int: _INT, str: _STR}.get(type(literal), literal)
+    text = f"{canary.fill(template, _BREAKS, stand_in)}\n\n\n{canary.holding(_HOLDS, _NUMBER)}"
+    compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False)["<canary>"]
+    return compiled if isinstance(compiled, CodeType) else None
 
 
 def _fill_code(code: CodeType, names: dict[str, str], consts: dict[tuple[type, object], object],
