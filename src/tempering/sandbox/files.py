@@ -270,7 +270,7 @@ class Storage:
         """The regular files under the directory ``src``, read into memory within ``limits``
         (``copyout.py``), opened as the sandbox's user but past its permission bits: a
         workspace the agent made unreadable (``chmod 000``) is still read, not an error."""
-        with as_user(self.uid, self.gid), reading_all():
+        with self._reading():
             fd = self._open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         try:
             return read_tree(Walk(fd, limits, stop, self._reading))
