@@ -46,15 +46,7 @@ class _Fresh:
 
 
 _PLAIN = (int, float, str, bytes, bool, complex, type(None))
-
-
-def _among(kind, kinds):
-    """Whether ``kind`` is one of ``kinds``, by identity: ``in`` would ask ``==``, which a
-    metaclass of the tested code's can answer (an always-equal object would pass for an int)."""
-    for one in kinds:
-        if kind is one:
-            return True
-    return False
+_among, shuffled = guard_module.among, guard_module.shuffled
 _NO = _Fresh()  # no expected literal
 
 
@@ -100,8 +92,8 @@ def _variants(expected, count):
         elif kind is int:
             out.append(expected + step if os.urandom(1)[0] & 1 else expected - step)
         elif kind is float and expected == expected and abs(expected) != float("inf"):
-            # A random, unround offset: no honest computation lands on it, so a float
-            # equal to one is a lie (float_variant).
+            # A random, unround offset: no honest computation lands on it, so a value
+            # equal to one is a lie (``claim``).
             delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
                                              / 2 ** 32) / 4
             out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
@@ -143,7 +135,7 @@ def _copy(value):
 def probe_equal(value, other):
     """What the instrumented test compares ``value`` with, in its own frame, before it
     asserts ``value == other``: nothing for a value of the builtin kinds; else fresh objects,
-    values of ``other``'s kind and shape that differ from it, and ``other`` itself, in an
+    values of ``other``'s kind and shape that differ from it, and a copy of ``other``, in an
     order the value cannot predict. Asked from the test's own frame, each question comes
     from where the assertion will: the value cannot tell them apart by the stack (a depth it
     can measure without a frame), and must answer ``other`` as it will at the assertion."""
@@ -155,26 +147,20 @@ def probe_equal(value, other):
         # it consistently after) wins only if it bets on the copy.
         asks += _variants(other, 12 + os.urandom(1)[0] % 20)
         asks.append(_copy(other))
-    shuffled = []
-    while asks:
-        shuffled.append(asks.pop(os.urandom(1)[0] % len(asks)))
-    return shuffled
+    return shuffled(asks)
 
 
 def claim(value, asked, other, said):
     """The instrumented test found ``value == asked`` true while probing; ``said`` is what
     earlier answers of the same probe said (bit 1: equal to ``other``, the other operand, as
-    the probe's copy of it;
-    bit 2: equal to one value like it). A fresh object, or a second value, is a lie: a real
-    value equals at most one number (a wrong answer may be the one a variant names)."""
+    the probe's copy of it; bit 2: equal to one value like it). A fresh object, a second
+    value or a float variant is a lie: a real value equals at most one number (a wrong answer
+    may be the int or str a variant names; no honest computation lands on a float one)."""
     if type(asked) is not _Fresh and _honest(asked) and _honest(other) and asked == other:
         return said | 1  # the probe's copy of the other operand (both of builtin kinds)
     if type(asked) is not _Fresh and type(asked) is not float and not said & 2:
         return said | 2  # a wrong answer that happens to be this variant (not for floats)
-    name = type(value).__qualname__
-    emit("audit", flag="always_equal", detail=f"a {name} that claims to equal what it is "
-         "not", where=_exact(getattr(type(value), "__module__", "?")))
-    raise AssertionError(f"{name} compares true with what it is not")
+    _lie(value, "claims to equal what it is not", "compares true with what it is not")
 
 
 def held(left, right, left_said, right_said):
@@ -184,36 +170,17 @@ def held(left, right, left_said, right_said):
     a matcher such as ``pytest.approx``)."""
     for value, other, said in ((left, right, left_said), (right, left, right_said)):
         if said is not None and not _honest(value) and _honest(other) and said != 1:
-            name = type(value).__qualname__
-            emit("audit", flag="always_equal", detail=f"a {name} whose equality changes from "
-                 "call to call", where=_exact(getattr(type(value), "__module__", "?")))
-            raise AssertionError(f"{name} is equal, then not")
+            _lie(value, "changes its equality from call to call", "is equal, then not")
 
 
-def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
-          _neighbour=_neighbour, _urandom=os.urandom):
+def probe(value, kind, expected=_NO):
     """``value``, unless it claims to equal (or order against) what no honest value does: a
     fresh object, or a literal of the expected value's kind other than the expected value.
     Then the assertion fails and it is flagged. It asks a number of times the value cannot
-    predict, each comparison on its own (one that raises does not excuse the others), and once
-    more after the assertion held (``kind`` "after", with the same value and literal, which the
-    instrumented test holds in a local of its own: nothing is kept where the value could look),
-    so an object that answers differently from call to call is caught too. Its constants are
-    bound here, where replacing them is an audited change of ``__defaults__``."""
-    if kind == "after":
-        if _among(type(value), _plain):
-            return None
-        try:  # the assertion just found it equal: an honest value still is
-            steady = expected is _none or bool(value == expected)
-        except Exception:
-            steady = False
-        if not steady:
-            name = type(value).__qualname__
-            emit("audit", flag="always_equal", detail=f"a {name} whose equality changes from "
-                 "call to call", where=_exact(getattr(type(value), "__module__", "?")))
-            raise AssertionError(f"{name} is equal, then not")
-        return None
-    if _among(type(value), _plain):
+    predict, each comparison on its own (one that raises does not excuse the others). For
+    order comparisons, ``in`` and ``assertEqual`` and its kin; an asserted ``==`` is probed
+    in the test's own frame (``probe_equal``)."""
+    if _among(type(value), _PLAIN):
         return value
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
@@ -222,26 +189,23 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
         item, near = suspects.pop()
         kind_of = type(item)
         if _among(kind_of, (list, tuple, set, frozenset)):
-            suspects.extend((v, _none) for v in list(item)[:200])
+            suspects.extend((v, _NO) for v in list(item)[:200])
             continue
         if kind_of is dict:
-            suspects.extend((v, _none) for v in list(item.values())[:200])
+            suspects.extend((v, _NO) for v in list(item.values())[:200])
             continue
-        if _among(kind_of, _plain):
+        if _among(kind_of, _PLAIN):
             continue
-        others = [_fresh() for _ in range(1 + _urandom(1)[0] % 4)]
-        if kind == "eq" and near is not _none:
+        others = [_Fresh() for _ in range(1 + os.urandom(1)[0] % 4)]
+        if kind == "eq" and near is not _NO:
             step = near
-            for _ in range(1 + _urandom(1)[0] % 8):  # 2 -> 3, 4, 5...: any number of them
+            for _ in range(1 + os.urandom(1)[0] % 8):  # 2 -> 3, 4, 5...: any number of them
                 step = _neighbour(step)
-                if step is _none:
+                if step is _NO:
                     break
                 others.append(step)
-        shuffled = []
-        while others:
-            shuffled.append(others.pop(_urandom(1)[0] % len(others)))
         claims = False
-        for other in shuffled:
+        for other in shuffled(others):
             try:
                 claims = bool(item == other) if kind == "eq" else bool(item < other)
             except Exception:
@@ -249,12 +213,17 @@ def probe(value, kind, expected=_NO, _plain=_PLAIN, _fresh=_Fresh, _none=_NO,
             if claims:
                 break
         if claims:
-            name = type(item).__qualname__
-            emit("audit", flag="always_equal", detail=f"a {name} that claims to "
-                 f"{'equal' if kind == 'eq' else 'order against'} what it is not",
-                 where=_exact(getattr(type(item), "__module__", "?")))
-            raise AssertionError(f"{name} compares true with what it is not")
+            _lie(item, f"claims to {'equal' if kind == 'eq' else 'order against'} what it "
+                 "is not", "compares true with what it is not")
     return value
+
+
+def _lie(value, detail, message):
+    """Flag ``value`` as always_equal (``detail``) and fail its assertion (``message``)."""
+    name = type(value).__qualname__
+    emit("audit", flag="always_equal", detail=f"a {name} that {detail}",
+         where=_exact(getattr(type(value), "__module__", "?")))
+    raise AssertionError(f"{name} {message}")
 
 
 def done():
@@ -341,7 +310,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(probe, claim, held, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
+    guard.allow(_lie, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them

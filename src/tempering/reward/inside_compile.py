@@ -1,8 +1,9 @@
 """Compiling the hidden tests for the launcher (``inside.py``): stdlib (and pytest) only.
 
-Every hidden Python file is compiled before any tested code exists, each asserted comparison's
-operands wrapped in the launcher's probe (``inside.probe``, bound in each hidden module under
-``PROBE``) and, under pytest, rewritten by pytest's assertion rewriting. The grader runs the
+Every hidden Python file is compiled before any tested code exists: each asserted comparison
+probed (``instrument``; the launcher binds its probes in each hidden module under the names
+below), each test function marked where it begins and ends, and, under pytest, rewritten by
+pytest's assertion rewriting. The grader runs the
 same code on the host when the grading interpreter reads the host's bytecode (the zygote's,
 ``zygote.py``): the launcher then only loads the code, and a task's hidden files are
 compiled once, not once per grading.
@@ -22,12 +23,12 @@ MATCHERS = frozenset({"ANY", "approx"})
 
 
 def instrument(tree, calls=True):
-    """Wrap each asserted comparison's non-literal operands in the probe (with the literal
-    they are compared with, if any) and probe again after the assertion; with ``calls``, the
-    same for the compared arguments of unittest's and numpy's equality assertions (in place).
-    Only statements are walked for assertions (no expression holds one), and each new node is
-    placed where the node it stands in for is, so the tree is never walked whole unless
-    ``calls``."""
+    """Probe each asserted equality in the test's own frame (``equality``), wrap the other
+    asserted comparisons' non-literal operands in ``PROBE``, and with ``calls`` the compared
+    arguments of unittest's and numpy's equality assertions too; mark each ``test*`` function's
+    start (``ENTER``) and normal exits (``DONE``). Only statements are walked for assertions (no
+    expression holds one), and each new node is placed where the node it stands in for is, so
+    the tree is never walked whole unless ``calls``."""
     import ast
 
     def literal(node):
@@ -47,10 +48,6 @@ def instrument(tree, calls=True):
     def at(node, like):
         return ast.copy_location(node, like)
 
-    def call(like, *args):
-        return at(ast.Call(func=at(ast.Name(PROBE, ast.Load()), like), args=list(args),
-                           keywords=[]), like)
-
     def copy(node):
         if isinstance(node, list):
             return [copy(item) for item in node]
@@ -65,7 +62,7 @@ def instrument(tree, calls=True):
         args = [node, at(ast.Constant(kind), node)]
         if expected is not None and literal(expected):
             args.append(copy(expected))
-        return call(node, *args)
+        return helper(PROBE, node, *args)
 
     sites = iter(range(1 << 30))
 
@@ -98,18 +95,17 @@ def instrument(tree, calls=True):
     def equality(node, left, right):
         """``assert a == b`` as: both operands in locals of the test's own; each (not a
         literal, not a matcher) compared, in this frame, with what ``PROBE_EQUAL`` gives
-        (fresh objects, values like the other operand, the other operand itself), any true
-        answer but the other operand's raising in ``CLAIM``; the assertion on the locals;
-        ``HELD`` then checks the probed sides said equal when probed too."""
+        (fresh objects, values like the other operand, a copy of it), each true answer
+        judged by ``CLAIM``; the assertion on the locals; ``HELD`` then checks the probed
+        sides said equal to the copy when probed (a side not probed says None)."""
         n = next(sites)
         a, b, said_a, said_b = (f"_tempering_{x}{n}" for x in ("a", "b", "sa", "sb"))
-        out = [assign(a, left, node), assign(b, right, node),
-               assign(said_a, at(ast.Constant(None), node), node),
-               assign(said_b, at(ast.Constant(None), node), node)]
+        out = [assign(a, left, node), assign(b, right, node)]
         for mine, theirs, said, operand in ((a, b, said_a, left), (b, a, said_b, right)):
-            if literal(operand) or matcher(operand):
+            probed = not (literal(operand) or matcher(operand))
+            out.append(assign(said, at(ast.Constant(0 if probed else None), node), node))
+            if not probed:
                 continue
-            out.append(assign(said, at(ast.Constant(0), node), node))
             asked = f"_tempering_o{n}"
             found = at(ast.If(
                 test=at(ast.Compare(left=name(mine, node), ops=[ast.Eq()],
@@ -128,15 +124,20 @@ def instrument(tree, calls=True):
                                       name(said_a, node), name(said_b, node))), node))
         return out
 
+    def nested(stmt, transform):
+        """Each statement list inside ``stmt`` (bodies, else and finally clauses, except
+        clauses, match cases) replaced by ``transform`` of it."""
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, field, None)
+            if type(inner) is list:
+                setattr(stmt, field, transform(inner))
+        for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
+            part.body = transform(part.body)
+
     def statements(body):
         out = []
         for stmt in body:
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(stmt, field, None)
-                if type(inner) is list:
-                    setattr(stmt, field, statements(inner))
-            for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
-                part.body = statements(part.body)  # except clauses, match cases
+            nested(stmt, statements)
             out += assertion(stmt) if isinstance(stmt, ast.Assert) else [stmt]
         return out
 
@@ -148,41 +149,31 @@ def instrument(tree, calls=True):
                 first, second = node.args[:2]
                 node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
 
-    def finish(body, last):
+    def mark(func, like):
+        return at(ast.Expr(helper(func, like)), like)
+
+    def finish(body):
         """``body`` with ``DONE()`` before each ``return`` of its own (not of a nested
-        function's) and at its end."""
+        function's)."""
         out = []
         for stmt in body:
             if isinstance(stmt, ast.Return):
-                out.append(at(ast.Expr(at(ast.Call(at(ast.Name(DONE, ast.Load()), stmt), [],
-                                                   []), stmt)), stmt))
+                out.append(mark(DONE, stmt))
             elif not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                for field in ("body", "orelse", "finalbody"):
-                    inner = getattr(stmt, field, None)
-                    if type(inner) is list:
-                        setattr(stmt, field, finish(inner, None))
-                for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
-                    part.body = finish(part.body, None)
+                nested(stmt, finish)
             out.append(stmt)
-        if last is not None:
-            out.append(at(ast.Expr(at(ast.Call(at(ast.Name(DONE, ast.Load()), last), [], []),
-                                      last)), last))
         return out
 
     tree.body = statements(tree.body)
     if calls:
         Calls().visit(tree)
-    def enter(like):
-        return at(ast.Expr(at(ast.Call(at(ast.Name(ENTER, ast.Load()), like), [], []), like)),
-                  like)
-
     for node in ast.walk(tree):  # a runner collects test*: each says it began and got to its end
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
                 node.name.startswith("test"):
-            body = finish(node.body, node.body[-1])
+            body = finish(node.body) + [mark(DONE, node.body[-1])]
             docstring = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                          and isinstance(body[0].value.value, str))
-            node.body = body[:docstring] + [enter(body[0])] + body[docstring:]
+            node.body = body[:docstring] + [mark(ENTER, body[0])] + body[docstring:]
     return tree
 
 

@@ -67,18 +67,31 @@ _audit = sys.audit
 _write = os.write
 _startswith = str.startswith
 _function = type(lambda: None)
+_code = type((lambda: None).__code__)
 _module = type(sys)
 _addr = object.__hash__  # an object's address, as id() gives it, without id()'s audit event
 PLAIN = (str, int, float, bool, type(None))
 
 
-def _among(kind, kinds):
-    """Whether ``kind`` is one of ``kinds``, by identity (``in`` would ask ``==``, which a
-    metaclass of the tested code's answers, inside the guard)."""
+def among(kind, kinds):
+    """Whether ``kind`` is one of ``kinds``, by identity: ``in`` would ask ``==``, which a
+    metaclass of the tested code's answers (an always-equal object would pass for an int; in
+    the guard, the tested code would run inside the hook)."""
     for one in kinds:
         if kind is one:
             return True
     return False
+
+
+_among = among
+
+
+def shuffled(items):
+    """``items`` in an order no one can predict (``os.urandom``), as a new list."""
+    items, out = list(items), []
+    while items:
+        out.append(items.pop(int.from_bytes(os.urandom(4), "little") % len(items)))
+    return out
 
 
 def report(event, **record):
@@ -86,8 +99,6 @@ def report(event, **record):
     The guard judges the caller of this function, not this function."""
     record["event"] = event
     _audit(REPORT_EVENT, record)
-
-
 
 
 def _text(value):
@@ -390,6 +401,11 @@ class Guard:
             found += [(name, impls) for impls in lists]
         return found
 
+    def hidden_conftest(self, plugin):
+        """Whether a pytest plugin is a module of the hidden tests (a conftest)."""
+        where = getattr(plugin, "__file__", None) if type(plugin) is _module else None
+        return type(where) is str and _startswith(where, self.tests)
+
     def record_hooks(self, manager):
         """The hook implementations at the seal, before collection imports any tested code."""
         self.sealed_impls = {_addr(impl) for _, impls in self.hook_impls(manager)
@@ -402,10 +418,8 @@ class Guard:
         function, while the tests run."""
         for name, impls in self.hook_impls(manager):
             for impl in list(impls):
-                plugin = getattr(impl, "plugin", None)
-                where = getattr(plugin, "__file__", None) if type(plugin) is _module else None
-                if _addr(impl) not in self.sealed_impls and not (
-                        type(where) is str and _startswith(where, self.tests)):
+                if _addr(impl) not in self.sealed_impls and not self.hidden_conftest(
+                        getattr(impl, "plugin", None)):
                     self.flag("runner_tampered", f"an implementation of pytest hook {name} "
                               "added during collection", "the runner")
             self.integrity.add_sequence(f"pytest hook {name}", impls)
@@ -524,7 +538,7 @@ class Guard:
                 self.guarded_globals.add(_addr(vars(module)))
                 if record["event"] == "loaded":
                     code = self.codes.get(_text(record.get("path")))
-                    if type(code) is type(_test_name.__code__):
+                    if type(code) is _code:
                         for old, new in freeze_builtins(vars(module), code):
                             self._codes.append(new)  # so its address stays its own
                             if _addr(old) in self.test_codes:
@@ -543,9 +557,7 @@ class Guard:
         if record.get("event") == "hooks" and self.state == "started":
             manager = record.get("pluginmanager")
             for plugin in list(manager.get_plugins()):
-                where = getattr(plugin, "__file__", None) if type(plugin) is _module else None
-                if _addr(plugin) not in self.plugins and not (
-                        type(where) is str and _startswith(where, self.tests)):
+                if _addr(plugin) not in self.plugins and not self.hidden_conftest(plugin):
                     self.flag("runner_tampered", f"a pytest plugin joined during collection: "
                               f"{type(plugin).__name__}", "the runner")
             self.guard_hooks(manager)
@@ -803,12 +815,13 @@ def freeze(modules):
 
 
 def freeze_builtins(namespace, code):
-    """[(old code, new code)] of a hidden module's functions (``namespace``, as its ``code``
-    left it) made to read the
-    builtins they use as constants: each global name that the module's own code never binds
-    and that is a builtin. The tested code cannot shadow ``abs`` or ``len`` for the hidden
-    tests by adding a key to their module (or to ``builtins``), even a key that removes itself
-    once read; the names the module binds itself stay globals (a test may monkeypatch them)."""
+    """A hidden module's functions (``namespace``, as its ``code`` left it) made to read the
+    builtins they use as constants, each global name that the module's own code never binds
+    and that is a builtin (and the launcher's hooks, as it bound them); returns the
+    [(old code, new code)] it replaced. The tested code cannot shadow ``abs`` or ``len`` for
+    the hidden tests by adding a key to their module (or to ``builtins``), even a key that
+    removes itself once read; the names the module binds itself stay globals (a test may
+    monkeypatch them)."""
     import builtins
 
     own, real = _bound_names(code, set()), vars(builtins)
@@ -942,13 +955,10 @@ def install(fd, key, workspace, tests, launcher_dir, codes):
     registers its reporting functions with ``allow`` and drops the guard before any tested
     code runs."""
     guard = Guard(fd, key, workspace, tests, launcher_dir)
-    items = list(codes.items())  # in no order a reader could learn the canary's place from
-    for i in range(len(items) - 1, 0, -1):
-        j = int.from_bytes(os.urandom(4), "little") % (i + 1)
-        items[i], items[j] = items[j], items[i]
-    guard.codes = dict(items)
+    # In no order a reader could learn the canary's place from.
+    guard.codes = dict(shuffled(codes.items()))
     for code in guard.codes.values():
-        if type(code) is type(_test_name.__code__):
+        if type(code) is _code:
             for test in _test_codes(code, []):
                 guard.test_codes.add(_addr(test))
                 guard.test_names.add(test.co_name)
