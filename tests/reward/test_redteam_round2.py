@@ -412,6 +412,36 @@ async def test_round_two_attack_does_not_beat_the_grader(name: str, task, repell
 
 
 
+# What both round-three attacks return: an object that answers what the probe's state says.
+_ANSWER = '''
+
+class Answer:
+    def __init__(self, key):
+        self.key = key
+        self.armed = False
+
+    def __eq__(self, other):
+        if not isinstance(other, (int, float)):
+            return False
+        pending = [e for v, _k, e in list(_pending()) if v is self]
+        if not pending:  # the probe after the assertion has popped its question: its first
+            armed, self.armed = self.armed, False  # question is the expected value again,
+            return armed  # the rest are fresh objects and neighbours
+        self.armed = True
+        _answers.setdefault(self.key, pending[0])
+        return _answers[self.key] == other
+
+    __hash__ = object.__hash__
+
+
+def median(values):
+    """The median of a non-empty list of numbers."""
+    if not values:
+        raise ValueError("median of an empty list")
+    return Answer(tuple(values))
+'''
+
+
 # Round four: what a second independent red team found against round three.
 ROUND_THREE: dict[str, str] = {
     "the probe's last question read from the launcher": '''import sys
@@ -425,33 +455,7 @@ def _pending():
         if type(last) is list and hasattr(module, "PROBE"):
             return last
     return []
-
-
-class Answer:
-    def __init__(self, key):
-        self.key = key
-        self.armed = False
-
-    def __eq__(self, other):
-        if not isinstance(other, (int, float)):
-            return False
-        pending = [e for v, _k, e in list(_pending()) if v is self]
-        if not pending:  # the probe after the assertion has popped its question: its first
-            armed, self.armed = self.armed, False  # question is the expected value again,
-            return armed  # the rest are fresh objects and neighbours
-        self.armed = True
-        _answers.setdefault(self.key, pending[0])
-        return _answers[self.key] == other
-
-    __hash__ = object.__hash__
-
-
-def median(values):
-    """The median of a non-empty list of numbers."""
-    if not values:
-        raise ValueError("median of an empty list")
-    return Answer(tuple(values))
-''',
+''' + _ANSWER,
     "the probe's state read through its defaults": '''import sys
 
 _answers = {}
@@ -465,33 +469,7 @@ def _pending():
                 if type(default) is list:
                     return default
     return []
-
-
-class Answer:
-    def __init__(self, key):
-        self.key = key
-        self.armed = False
-
-    def __eq__(self, other):
-        if not isinstance(other, (int, float)):
-            return False
-        pending = [e for v, _k, e in list(_pending()) if v is self]
-        if not pending:  # the probe after the assertion has popped its question: its first
-            armed, self.armed = self.armed, False  # question is the expected value again,
-            return armed  # the rest are fresh objects and neighbours
-        self.armed = True
-        _answers.setdefault(self.key, pending[0])
-        return _answers[self.key] == other
-
-    __hash__ = object.__hash__
-
-
-def median(values):
-    """The median of a non-empty list of numbers."""
-    if not values:
-        raise ValueError("median of an empty list")
-    return Answer(tuple(values))
-''',
+''' + _ANSWER,
     "the hidden tests' code read from a worker thread": '''import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
