@@ -129,6 +129,22 @@ async def test_malformed_calls_are_observations_and_the_model_can_recover(task, 
     assert "missing.py" in traj.steps[5].observation
 
 
+async def test_a_call_nested_past_the_recursion_limit_is_the_models_error(task, grader) -> None:
+    """Markup the parser cannot descend (``RecursionError`` in ``json``) is an invalid action
+    the model sees, not an episode lost to the system."""
+    policy = ScriptedPolicy([
+        "<tool_call>" + "[" * 100_000 + "</tool_call>",
+        '<tool_call>{"name": "bash", "arguments": ' + '{"a": ' * 5000 + "1" + "}" * 5001
+        + "</tool_call>",
+        ("write_file", {"path": "stats.py", "content": SOLUTION}),
+        ("submit", {}),
+    ])
+    traj = await run_episode(task, policy, grader=grader)
+    assert traj.status == Status.OK and traj.reward is not None and traj.reward.reward == 1.0
+    assert [s.action for s in traj.steps[:2]] == ["invalid", "invalid"]
+    assert all("nested too deeply" in s.observation for s in traj.steps[:2])
+
+
 async def test_reading_a_huge_sparse_file_is_an_observation(task, grader) -> None:
     """The model's read_file of a 2 GiB sparse file is refused with the reason, before the
     host loads any of it; the episode goes on."""

@@ -107,6 +107,8 @@ class ToolBox:
             args = json.loads(call.arguments or "{}")
         except json.JSONDecodeError as exc:
             return _error(f"the arguments of {call.name} are not valid JSON: {exc.msg}")
+        except RecursionError:
+            return _error(f"the arguments of {call.name} are nested too deeply to read")
         if not isinstance(args, dict):
             return _error(f"the arguments of {call.name} must be a JSON object")
         missing = [a for a in _ARGS[call.name] if not isinstance(args.get(a), str)]

@@ -48,6 +48,9 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call") -> ParsedCompletion:
             errors.append(f"tool call {n + 1} is not valid JSON ({exc.msg} at column "
                           f"{exc.colno}): {body[:80]!r}")
             continue
+        except RecursionError:  # the model's text, not the system, is at fault
+            errors.append(f"tool call {n + 1} is nested too deeply to read: {body[:80]!r}")
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             errors.append(f"tool call {n + 1} needs an object with a string \"name\": "
                           f"{body[:80]!r}")
@@ -56,15 +59,19 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call") -> ParsedCompletion:
         if isinstance(args, str):  # some models double-encode
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 errors.append(f"tool call {n + 1}'s \"arguments\" is a string that is not JSON")
                 continue
         if not isinstance(args, dict):
             errors.append(f"tool call {n + 1}'s \"arguments\" must be an object, not "
                           f"{type(args).__name__}")
             continue
-        calls.append(ToolCall(id=f"{id_prefix}_{n}", name=obj["name"],
-                              arguments=json.dumps(args)))
+        try:
+            arguments = json.dumps(args)
+        except RecursionError:
+            errors.append(f"tool call {n + 1}'s \"arguments\" are nested too deeply to read")
+            continue
+        calls.append(ToolCall(id=f"{id_prefix}_{n}", name=obj["name"], arguments=arguments))
     content = _CALL.sub("", text).strip()
     return ParsedCompletion(content=content, calls=calls,
                             error="; ".join(errors) if errors else None)
