@@ -247,12 +247,23 @@ class Zygote:
             status.close()
             raise SandboxStartError("a grading process of the zygote failed to start")
         group = cgroup.SandboxCgroup(h.hierarchy, h.tag, f"grd-{secrets.token_hex(6)}")
-        group.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
-        group.attach(pid)
-        root = f"/proc/{pid}/root"
-        storage = Storage({spec.workdir: root + spec.workdir, "/tmp": root + "/tmp"},
-                          spec.workdir, self._uid.uid, self._uid.gid)
-        return Forked(ours, status, pid, group, storage)
+        forked = Forked(ours, status, pid, group, Storage(
+            {spec.workdir: f"/proc/{pid}/root{spec.workdir}", "/tmp": f"/proc/{pid}/root/tmp"},
+            spec.workdir, self._uid.uid, self._uid.gid))
+
+        def join() -> None:  # a cgroup migration waits in the kernel for milliseconds
+            group.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
+            group.attach(pid)
+
+        joining = asyncio.ensure_future(asyncio.to_thread(join))
+        try:
+            await asyncio.shield(joining)
+        except BaseException:  # failed or cancelled: once the thread is done, nothing is left
+            with contextlib.suppress(BaseException):
+                await joining
+            await asyncio.to_thread(forked.close)
+            raise
+        return forked
 
     async def close(self) -> None:
         if self._control is not None:
