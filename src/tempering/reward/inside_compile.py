@@ -22,31 +22,47 @@ PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "
 MATCHERS = frozenset({"ANY", "approx"})
 
 
-def instrument(tree, calls=True):
+def instrument(tree, calls=True, text=None):
     """Probe each asserted equality in the test's own frame (``equality``), wrap the other
     asserted comparisons' non-literal operands in ``PROBE``, and with ``calls`` the compared
     arguments of unittest's and numpy's equality assertions too; mark each ``test*`` function's
     start (``ENTER``) and normal exits (``DONE``). Only statements are walked for assertions (no
     expression holds one), and each new node is placed where the node it stands in for is, so
-    the tree is never walked whole unless ``calls``."""
+    the tree is never walked whole unless ``calls``. With the file's ``text``, an operand is
+    looked into for a matcher only if the text names one."""
     import ast
 
+    literals = {}
+
     def literal(node):
+        known = literals.get(id(node))
+        if known is not None:
+            return known
         try:
             ast.literal_eval(node)
-            return True
+            known = True
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return False
+            known = False
+        literals[id(node)] = known  # the tree holds every node: no id is reused meanwhile
+        return known
+
+    named = text is None or any(name in text for name in MATCHERS)
 
     def matcher(node):
         """An operand that builds on a matcher meant to equal many values (``mock.ANY``,
         ``pytest.approx``): the test's own expectation, never the tested code's result."""
-        return any(isinstance(n, ast.Name | ast.Attribute)
-                   and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
-                   for n in ast.walk(node))
+        return named and any(isinstance(n, ast.Name | ast.Attribute)
+                             and getattr(n, "id", getattr(n, "attr", None)) in MATCHERS
+                             for n in ast.walk(node))
 
     def at(node, like):
-        return ast.copy_location(node, like)
+        """``node`` placed where ``like`` is (``ast.copy_location``, without its checks)."""
+        try:
+            node.lineno, node.col_offset = like.lineno, like.col_offset
+            node.end_lineno, node.end_col_offset = like.end_lineno, like.end_col_offset
+        except AttributeError:  # a context (Load, Store): no place of its own
+            pass
+        return node
 
     def copy(node):
         if isinstance(node, list):
@@ -124,15 +140,19 @@ def instrument(tree, calls=True):
                                       name(said_a, node), name(said_b, node))), node))
         return out
 
-    def nested(stmt, transform):
-        """Each statement list inside ``stmt`` (bodies, else and finally clauses, except
-        clauses, match cases) replaced by ``transform`` of it."""
+    def bodies(stmt):
+        """Where ``stmt`` holds statement lists (bodies, else and finally clauses, except
+        clauses, match cases), as (node, field)."""
         for field in ("body", "orelse", "finalbody"):
-            inner = getattr(stmt, field, None)
-            if type(inner) is list:
-                setattr(stmt, field, transform(inner))
+            if type(getattr(stmt, field, None)) is list:
+                yield stmt, field
         for part in getattr(stmt, "handlers", ()) or getattr(stmt, "cases", ()):
-            part.body = transform(part.body)
+            yield part, "body"
+
+    def nested(stmt, transform):
+        """Each statement list inside ``stmt`` replaced by ``transform`` of it."""
+        for node, field in bodies(stmt):
+            setattr(node, field, transform(getattr(node, field)))
 
     def statements(body):
         out = []
@@ -164,12 +184,21 @@ def instrument(tree, calls=True):
             out.append(stmt)
         return out
 
+    def functions(body, found):
+        """Every function defined in ``body``, however nested (a definition is a statement:
+        no expression holds one)."""
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+                found.append(stmt)
+            for node, field in bodies(stmt):
+                functions(getattr(node, field), found)
+        return found
+
     tree.body = statements(tree.body)
     if calls:
         Calls().visit(tree)
-    for node in ast.walk(tree):  # a runner collects test*: each says it began and got to its end
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
-                node.name.startswith("test"):
+    for node in functions(tree.body, []):  # a runner collects test*: each says it began and
+        if node.name.startswith("test"):  # got to its end
             body = finish(node.body) + [mark(DONE, node.body[-1])]
             docstring = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                          and isinstance(body[0].value.value, str))
@@ -194,7 +223,7 @@ def compile_hidden(sources: dict[str, bytes], rewrite: bool) -> dict[str, object
         try:
             text = decode_source(source)  # as the interpreter reads it, coding cookie and all
             tree = instrument(ast.parse(text, filename=path),
-                              calls=any(name in text for name in EQUALITY_CALLS))
+                              calls=any(name in text for name in EQUALITY_CALLS), text=text)
             if rewrite:
                 rewrite_asserts(tree, source, path, None)
             codes[path] = compile(tree, path, "exec", dont_inherit=True)
