@@ -65,6 +65,37 @@ async def test_a_grading_cannot_take_the_zygotes_inotify_instances_from_another(
     assert 0 < held["held"] <= host_limit // 16
 
 
+PTYS = '''import os, time
+
+
+def test_ptys():
+    held, err = [], None
+    while len(held) < 4000:
+        try:
+            held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+        except OSError as exc:
+            err = exc.errno
+            break
+    time.sleep({hold})
+    assert False, repr({{"held": len(held), "errno": err}})
+'''
+
+
+async def test_a_grading_holds_a_bounded_share_of_the_machines_ptys() -> None:
+    """Ptys come out of one machine-wide count; each grading has a devpts of its own, with a
+    maximum, so a grading that takes all it can leaves the next one (and the host) theirs."""
+    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    await zygote.start()
+    try:
+        hog = asyncio.create_task(_grade(zygote, "ptys", PTYS.format(hold=3)))
+        await asyncio.sleep(1.5)
+        other = await _grade(zygote, "ptys", PTYS.format(hold=0))
+        held = await hog
+    finally:
+        await zygote.close()
+    assert held == {"held": 16, "errno": 28} and other == held, (held, other)  # ENOSPC at 16
+
+
 async def test_each_zygote_runs_as_a_host_uid_of_its_own() -> None:
     uids = uid_range()
     first, second = Zygote(grading_spec(load_humaneval()[0])), Zygote(SandboxSpec())

@@ -60,6 +60,44 @@ MQUEUE = """name = f"/q{os.getpid()}-{len(held)}".encode()
         raise OSError(ctypes.get_errno(), "mq_open")
     held.append(fd)"""
 
+# Ptys: every devpts instance but the host's draws on one machine-wide count (kernel.pty.max less
+# its reserve, 3,071 by default), so each sandbox mounts its own, with a maximum.
+PTY = """held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))"""
+
+# Queued UDP datagrams that nothing reads, on the sandbox's own loopback: kernel memory that a
+# cgroup v1 memory limit does not count unless its socket accounting is on, and that presses on
+# the machine-wide udp_mem (the host's own datagrams start to drop). Stops at 256 MiB, or once
+# the queues stop growing; prints the most the machine's UDP pages grew while it held them.
+UDP_FLOOD = r"""
+import os, socket, time
+def pages():
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("UDP:"):
+                words = line.split()
+                return int(words[words.index("mem") + 1])
+start, best, stale, held = pages(), 0, 0, []
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.setblocking(False)
+data = b"u" * 60000
+try:
+    while best < 65536 and stale < 50 and len(held) < 900:
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
+        rx.bind(("127.0.0.1", 0))
+        held.append(rx)
+        for _ in range(100):
+            try:
+                tx.sendto(data, rx.getsockname())
+            except OSError:
+                break
+        grown = pages() - start
+        best, stale = (grown, 0) if grown > best else (best, stale + 1)
+except OSError:
+    pass
+print(best, len(held), flush=True)
+"""
+
 AIO = """ctx = ctypes.c_ulong(0)
     if libc.syscall(206, 4096, ctypes.byref(ctx)) != 0:  # io_setup on x86_64
         raise OSError(ctypes.get_errno(), "io_setup")
@@ -102,6 +140,28 @@ async def test_one_sandbox_cannot_exhaust_anothers_per_user_counters(make_spec, 
         fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
         assert fd >= 0
         os.close(fd)
+
+
+async def test_one_sandbox_cannot_take_every_pty(make_spec, backend) -> None:
+    if backend == "docker":
+        pytest.skip("the engine mounts a container's devpts without a maximum (docs/sandbox.md)")
+    async with open_sandbox(make_spec()) as hog, open_sandbox(make_spec()) as other:
+        got, err = await _hog(hog, PTY)
+        assert (got, err) == (32, errno.ENOSPC)  # its own devpts's maximum, no more
+        assert await _takes_one(other, PTY) == "ok"
+        fd = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)  # and the host keeps its own
+        os.close(fd)
+
+
+async def test_queued_socket_buffers_count_against_the_memory_limit(make_spec) -> None:
+    async with open_sandbox(make_spec(memory_mb=64)) as sb:
+        r = await sb.exec(["python3", "-c", UDP_FLOOD], timeout=60)
+        assert r.exit_code in (0, -9, 137) or r.oom_killed, r
+        if r.stdout.strip():
+            grown, sockets = (int(x) for x in r.stdout.split())
+            # Pages of the whole machine: the 64 MiB of the sandbox's socket limit, and some
+            # slack for the rest of the machine (without the limit: 256 MiB, the flood's cap).
+            assert grown * 4096 <= 96 << 20, (grown, sockets)
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe uses x86_64 numbers")

@@ -52,6 +52,7 @@ PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 MNT_DETACH = 2
 MS_RDONLY, MS_REMOUNT = 1, 32
+PTYS = 16  # a grading's ptys at most (its own devpts instance)
 DISK = "/.tempering/disk"
 
 
@@ -73,7 +74,8 @@ def mount(source, target, fstype, flags, data=None):
 def fresh_storage(disk_bytes, workdir):
     """One tmpfs of disk_bytes (one inode per KiB) bound at the workdir, /tmp and /dev/shm:
     the only places a grading can write (bubblewrap made /dev itself read-only), all fresh and
-    all in one disk budget. The tmpfs itself is then detached: only the three binds reach it."""
+    all in one disk budget. The tmpfs itself is then detached: only the three binds reach it.
+    And a devpts of its own, for a share of the ptys."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={disk_bytes},nr_inodes={max(disk_bytes >> 10, 1024)},mode=0755"
     mount("tmpfs", DISK, "tmpfs", MS_NOSUID | MS_NODEV, options)
@@ -83,6 +85,9 @@ def fresh_storage(disk_bytes, workdir):
         os.chmod(f"{DISK}/{name}", mode)
         mount(f"{DISK}/{name}", target, None, MS_BIND)
     check(LIBC.umount2(DISK.encode(), MNT_DETACH), f"detach {DISK}")
+    # Ptys come out of one machine-wide count: a devpts of its own bounds this grading's share.
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+          f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}")
 
 
 def seal(status, workdir):

@@ -144,6 +144,11 @@ class SandboxCgroup:
             (p["memory"] / "memory.limit_in_bytes").write_text(str(memory))
             with contextlib.suppress(OSError):  # absent without swap accounting
                 (p["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory))
+            # Socket buffers are charged to a v1 memory cgroup only once this is set (v2
+            # charges them always): unset, a sandbox's queued TCP and UDP data would pin host
+            # memory past its limit and press on the machine-wide tcp_mem / udp_mem.
+            with contextlib.suppress(OSError):
+                (p["memory"] / "memory.kmem.tcp.limit_in_bytes").write_text(str(memory))
             (p["pids"] / "pids.max").write_text(str(pids))
             (p["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (p["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))

@@ -216,6 +216,16 @@ static void setup_volume(int tree, const char *workdir) {
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 
+/* Every sandbox's ptys come out of one machine-wide count (kernel.pty.max less its reserve for
+ * the host): bubblewrap's devpts has no maximum of its own, so one sandbox could take them all.
+ * A devpts instance of its own, mounted over bubblewrap's, holds at most PTYS_PER_SANDBOX. */
+#define PTYS_PER_SANDBOX "32"
+static void setup_ptys(void) {
+    if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620,max=" PTYS_PER_SANDBOX) < 0)
+        die_setup("mount devpts");
+}
+
 static void write_file(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, text, strlen(text)) < 0) die_setup(path);
@@ -646,8 +656,12 @@ int main(int argc, char **argv) {
         if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
     }
     if (argc == 7) setup_network(argv[6]);    /* before the capabilities go */
-    /* In a container the engine already made us the unprivileged user, with no capability. */
-    if (geteuid() == 0) become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
+    /* In a container the engine already made us the unprivileged user, with no capability
+     * (and the engine mounted the container's devpts). */
+    if (geteuid() == 0) {
+        setup_ptys();
+        become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
+    }
     /* Commands run as the same user: without this they could ptrace the fork server. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     install_seccomp();
