@@ -24,6 +24,8 @@ the tested code can reach. The guard keeps what decides the report out of those 
   ``eval``) are looked through, so a call laundered through them is still the tested code's.
 """
 
+import _frozen_importlib
+import _frozen_importlib_external
 import _thread
 import os
 import sys
@@ -39,7 +41,8 @@ WATCHED = frozenset({
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
     "object.__setattr__", "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile",
-    "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount",
+    "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount", "exec",
+    "function.__new__",
 })
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
                          "f_code"})
@@ -85,6 +88,13 @@ _write = os.write
 _startswith = str.startswith
 _function = type(lambda: None)
 _generator = type((lambda: (yield))())
+# Where the import system runs a module's code: a file loader's exec_module (the code its
+# get_code read from the loader's path) through _call_with_frames_removed, or a frozen module's.
+_WITHOUT_FRAMES = _frozen_importlib._call_with_frames_removed.__code__
+_EXEC_MODULE = _frozen_importlib_external._LoaderBasics.exec_module.__code__
+_FROZEN_EXEC = _frozen_importlib.FrozenImporter.exec_module.__code__
+_FILE_LOADERS = (_frozen_importlib_external.SourceFileLoader,
+                 _frozen_importlib_external.SourcelessFileLoader)
 _code = type((lambda: None).__code__)
 _module = type(sys)
 _addr = object.__hash__  # an object's address, as id() gives it, without id()'s audit event
@@ -352,6 +362,10 @@ class Guard:
         self.test_names = set()  # their names
         self.completed = set()  # tests whose function ran to its end while they were current
         self._codes = []  # and the objects themselves, so the addresses stay theirs
+        # Code the tested code made (exec, a function from a code object, a module it wrote
+        # and imported from outside the workspace), by address: its frames are the tested
+        # code's, whatever file they name.
+        self.made = set()
         self.integrity = Integrity()
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
         self.launcher_globals = {_addr(_module_dict(m)) for m in list(sys.modules.values())
@@ -635,12 +649,13 @@ class Guard:
 
     def caller(self, looked_through, depth=3):
         """The tested code's file if the nearest frame not ``looked_through`` is the tested
-        code's, else None. Code compiled from strings is always looked through."""
+        code's, else None. Code compiled from strings is always looked through (unless the
+        tested code made it: then it is the tested code's)."""
         frame = sys._getframe(depth)
         while frame is not None:
             code = frame.f_code
             name = _text(code.co_filename) or ""
-            if _startswith(name, self.workspace) and not _startswith(name, self.tests):
+            if self.tested(code, name):
                 return name
             if not (_startswith(name, "<") or looked_through(name, _text(code.co_name))):
                 return None
@@ -653,8 +668,17 @@ class Guard:
         work handed to a thread pool is the tested code's like any other."""
         return None if _thread.get_ident() == self.main else "<a thread of the tested code>"
 
+    def tested(self, code, name):
+        """Whether a frame of ``code`` (which names the file ``name``) is the tested code's."""
+        return (_startswith(name, self.workspace) and not _startswith(name, self.tests)
+                or _addr(code) in self.made)
+
     def library(self, name, function=None):
-        return _startswith(name, self.stdlib) and "-packages/" not in name
+        """Code that is neither the tested code's nor the harness's (the launcher's, the hidden
+        tests'): the standard library and every installed package, pytest's too. An event in
+        it is whoever's called it (third-party code that reads what it is given, such as a
+        frame's attributes, launders nothing)."""
+        return not (_startswith(name, self.tests) or _startswith(name, self.protected[1]))
 
     def through_introspection(self, name, function=None):
         """Frames looked through for frame and gc events: the standard library, except the
@@ -679,7 +703,7 @@ class Guard:
         while frame is not None:
             code = frame.f_code
             name = _text(code.co_filename) or ""
-            if _startswith(name, self.workspace) and not _startswith(name, self.tests):
+            if self.tested(code, name):
                 return name
             if not _startswith(name, "<"):
                 if not self.library(name):
@@ -717,16 +741,20 @@ class Guard:
         return False
 
     def hands_to(self, frame, below):
-        """Whether ``frame`` is calling ``below``'s function by name, or iterating the very
-        generator ``below`` is the frame of."""
+        """Whether ``frame`` is calling ``below``'s function by name from the same module, or
+        is traceback's own code iterating the very generator ``below`` is the frame of (what
+        it makes of frames is summaries: another module iterating an iterable it was given
+        may hand each item on to its caller's code)."""
         op, _, run = _site(frame)
         code = below.f_code
         if code.co_flags & RESUMABLE:
-            if op != _FOR_ITER:
+            if op != _FOR_ITER or _text(frame.f_code.co_filename) != self.stdlib + "traceback.py":
                 return False
             for value in frame.f_locals.values():
                 if type(value) is _generator and value.gi_frame is below:
                     return True
+            return False
+        if _text(frame.f_code.co_filename) != _text(code.co_filename):
             return False
         function = _text(code.co_name)
         wanted = CALLED_AS.get(function, (function,))
@@ -742,6 +770,39 @@ class Guard:
                 return True
             frame = frame.f_back
         return False
+
+    def imported(self, code):
+        """Whether the import system is running ``code`` as a module it loaded from a file the
+        tested code cannot write (or a frozen module): the code is that file's. A module the
+        tested code wrote (outside the workspace too: /tmp) or staged by calling the import
+        system's helpers itself is not."""
+        frame = sys._getframe(3)  # the frame that ran ``code``
+        if frame.f_code is _FROZEN_EXEC:
+            return True
+        loading = frame.f_back if frame.f_code is _WITHOUT_FRAMES else None
+        if loading is None or loading.f_code is not _EXEC_MODULE:
+            return False
+        names = loading.f_locals
+        loader = names.get("self")
+        if names.get("code") is not code or not _among(type(loader), _FILE_LOADERS):
+            return False
+        path = vars(loader).get("path")
+        return type(path) is str and not self.writable(os.path.realpath(path))
+
+    def writable(self, path):
+        """Whether the tested code can write ``path`` (the sandbox's only writable places)."""
+        return any(_startswith(path + "/", top) for top in
+                   (self.workspace.rstrip("/") + "/", "/tmp/", "/dev/shm/"))
+
+    def mark(self, code):
+        """``code`` and every code object in it: the tested code's."""
+        found = [code]
+        while found:
+            one = found.pop()
+            if _addr(one) not in self.made:
+                self.made.add(_addr(one))
+                self._codes.append(one)  # so its address stays its own
+                found.extend(c for c in one.co_consts if type(c) is _code)
 
     def source_lines(self, name, function=None):
         """Frames looked through for reading a hidden test's own file (an empty placeholder on
@@ -761,7 +822,7 @@ class Guard:
         while frame is not None and frame not in clean:
             code = frame.f_code
             name = _text(code.co_filename) or ""
-            if _startswith(name, self.workspace) and not _startswith(name, self.tests):
+            if self.tested(code, name):
                 return name
             if not code.co_flags & RESUMABLE:
                 walked.append(frame)
@@ -830,9 +891,16 @@ class Guard:
             where = self.frame_caller(event)
             if where is not None:
                 self.flag("introspection", event, where)
+        elif event == "exec" or event == "function.__new__":
+            code = args[0] if args else None
+            if type(code) is _code and not self.imported(code):
+                where = self.in_stack()
+                if where is not None:
+                    self.mark(code)
         elif event in ("compile", "code.__new__"):
             filename = _text(args[1]) if len(args) > 1 else None
-            if filename is None or _startswith(filename, "<"):
+            if filename is None or (_startswith(filename, "<")
+                                    and not _startswith(filename, "<frozen")):
                 return
             full = os.path.abspath(filename)
             if self.is_protected(full):
