@@ -231,6 +231,8 @@ class DockerSandbox(InitSandbox):
         info = (await self._engine.request("GET", f"/containers/{self._container}/json",
                                            what=f"inspecting sandbox {self.id}")).json()
         self._init_pid = int(info["State"]["Pid"])
+        _limit_sockets(self._init_pid, self.spec.memory_mb << 20)
+        await _limit_ptys(init, self._init_pid)
         cpus = sorted(os.sched_getaffinity(0))  # so that nproc inside reports the quota
         want = min(math.ceil(self.spec.cpus), len(cpus))
         first = secrets.randbelow(len(cpus))
@@ -346,3 +348,46 @@ def _oom_kills_of(pid: int) -> int | None:
                 if key == "oom_kill":
                     return int(value)
     return None
+
+
+
+def _limit_sockets(pid: int, limit: int) -> None:
+    """On cgroup v1 a container's socket buffers count against no limit until one is set (v2
+    counts them in its memory; the engine's ``KernelMemoryTCP`` is ignored by runc): the
+    same budget as the local backend's, set before the first command makes a socket."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            name = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            with contextlib.suppress(OSError):
+                (name / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
+
+
+PTYS = 32  # a container's ptys at most, as a local sandbox's (init.c)
+
+
+async def _limit_ptys(init: Path, pid: int) -> None:
+    """Every container's ptys come out of one machine-wide count (kernel.pty.max less its
+    reserve), and the engine mounts its devpts without a maximum: remount it with one, keeping
+    the engine's options, before the first command runs."""
+    try:
+        lines = (await asyncio.to_thread(Path(f"/proc/{pid}/mountinfo").read_text)).splitlines()
+    except OSError as exc:
+        raise SandboxStartError(f"cannot read the container's mounts: {exc}") from None
+    found = [line.split(" - ", 1)[1].split() for line in lines
+             if " - " in line and line.split()[4] == "/dev/pts"]
+    if not found or found[-1][0] != "devpts":
+        raise SandboxStartError("the container has no devpts at /dev/pts")
+    kept = [o for o in found[-1][2].split(",") if o not in ("rw", "ro") and
+            not o.startswith("max=")]
+    proc = await asyncio.create_subprocess_exec(
+        str(init), "--limit-ptys", str(pid), ",".join([*kept, f"max={PTYS}"]),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise SandboxStartError(f"cannot limit the container's ptys: {err.decode().strip()}")

@@ -219,7 +219,7 @@ static void setup_volume(int tree, const char *workdir) {
 /* Every sandbox's ptys come out of one machine-wide count (kernel.pty.max less its reserve for
  * the host): bubblewrap's devpts has no maximum of its own, so one sandbox could take them all.
  * A devpts instance of its own, mounted over bubblewrap's, holds at most PTYS_PER_SANDBOX. */
-#define PTYS_PER_SANDBOX "32"
+#define PTYS_PER_SANDBOX "32" /* the docker backend's too (docker.py) */
 static void setup_ptys(void) {
     if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,max=" PTYS_PER_SANDBOX) < 0)
@@ -298,8 +298,12 @@ static const int no_aio[] = {
  * namespace (or is a socket between its own processes). Everything else is refused, known or
  * not: AF_VSOCK reaches the hypervisor and other guests' sandboxes with no namespace around it,
  * AF_ALG is the whole kernel crypto API, AF_BLUETOOTH and the old protocol families (X.25,
- * AppleTalk, RDS, TIPC...) are rarely namespaced and a long list of kernel bugs. */
-static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+ * AppleTalk, RDS, TIPC...) are rarely namespaced and a long list of kernel bugs. AF_NETLINK
+ * too: its queued messages are charged to no memory cgroup and to no machine-wide ceiling (a
+ * sandbox of 128 MiB pinned 4 GiB in NETLINK_USERSOCK queues, and any protocol's unread
+ * replies pin a receive buffer per socket); what the sandbox's network needs, the init set up
+ * before this filter. Tools fall back to /proc (ss, glibc's address checks). */
+static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6 };
 
 #define STMT(code, k) ((struct sock_filter)BPF_STMT(code, k))
 #define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
@@ -633,8 +637,23 @@ static int seal_path(const char *pid, const char *path) {
     return 0;
 }
 
+/* Run by the host, for a container: its devpts, which the engine mounted without a maximum,
+ * remounted in its mount namespace with `options` (the engine's own, and a maximum). */
+static int limit_ptys(const char *pid, const char *options) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%s/ns/mnt", pid);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || setns(ns, CLONE_NEWNS) < 0) { perror(path); return 1; }
+    if (mount(NULL, "/dev/pts", NULL, MS_REMOUNT | MS_NOSUID | MS_NOEXEC, options) < 0) {
+        perror("remount /dev/pts");
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--seal") == 0) return seal_path(argv[2], argv[3]);
+    if (argc == 4 && strcmp(argv[1], "--limit-ptys") == 0) return limit_ptys(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "--seccomp-filter") == 0) {
         /* The program, as raw struct sock_filter records, for a process that must install the
          * same filter itself (the grading zygote's children). */
