@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 
 from tempering.reward.grader import grading_spec
 from tempering.reward.zygote import Zygote
@@ -81,19 +82,24 @@ def test_ptys():
 '''
 
 
-async def test_a_grading_holds_a_bounded_share_of_the_machines_ptys() -> None:
-    """Ptys come out of one machine-wide count; each grading has a devpts of its own, with a
-    maximum, so a grading that takes all it can leaves the next one (and the host) theirs."""
+async def test_a_zygotes_gradings_hold_a_bounded_share_of_the_machines_ptys() -> None:
+    """Ptys come out of one machine-wide count; a zygote's gradings share one devpts with a
+    maximum, so a grading that takes all it can leaves the host and every other sandbox
+    theirs, and gives them back when it ends."""
     zygote = Zygote(grading_spec(load_humaneval()[0]))
     await zygote.start()
     try:
         hog = asyncio.create_task(_grade(zygote, "ptys", PTYS.format(hold=3)))
         await asyncio.sleep(1.5)
-        other = await _grade(zygote, "ptys", PTYS.format(hold=0))
+        os.close(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))  # the host's own
+        async with open_sandbox(SandboxSpec(backend="local")) as sb:
+            r = await sb.exec(["python3", "-c", "import os; os.open('/dev/ptmx', os.O_RDWR)"])
+            assert r.exit_code == 0, r
         held = await hog
+        after = await _grade(zygote, "ptys", PTYS.format(hold=0))
     finally:
         await zygote.close()
-    assert held == {"held": 16, "errno": 28} and other == held, (held, other)  # ENOSPC at 16
+    assert held == after == {"held": 32, "errno": 28}, (held, after)  # ENOSPC at 32
 
 
 async def test_each_zygote_runs_as_a_host_uid_of_its_own() -> None:

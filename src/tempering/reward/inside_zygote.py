@@ -52,7 +52,7 @@ PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 MNT_DETACH = 2
 MS_RDONLY, MS_REMOUNT = 1, 32
-PTYS = 16  # a grading's ptys at most (its own devpts instance)
+PTYS = 32  # the ptys of all gradings of one zygote, at most (one devpts instance)
 DISK = "/.tempering/disk"
 
 
@@ -74,8 +74,7 @@ def mount(source, target, fstype, flags, data=None):
 def fresh_storage(disk_bytes, workdir):
     """One tmpfs of disk_bytes (one inode per KiB) bound at the workdir, /tmp and /dev/shm:
     the only places a grading can write (bubblewrap made /dev itself read-only), all fresh and
-    all in one disk budget. The tmpfs itself is then detached: only the three binds reach it.
-    And a devpts of its own, for a share of the ptys."""
+    all in one disk budget. The tmpfs itself is then detached: only the three binds reach it."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={disk_bytes},nr_inodes={max(disk_bytes >> 10, 1024)},mode=0755"
     mount("tmpfs", DISK, "tmpfs", MS_NOSUID | MS_NODEV, options)
@@ -85,9 +84,6 @@ def fresh_storage(disk_bytes, workdir):
         os.chmod(f"{DISK}/{name}", mode)
         mount(f"{DISK}/{name}", target, None, MS_BIND)
     check(LIBC.umount2(DISK.encode(), MNT_DETACH), f"detach {DISK}")
-    # Ptys come out of one machine-wide count: a devpts of its own bounds this grading's share.
-    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-          f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}")
 
 
 def seal(status, workdir):
@@ -242,6 +238,11 @@ def main():
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
+    # Ptys come out of one machine-wide count, and bubblewrap's devpts has no maximum: one of
+    # the zygote's own, with one, which its gradings share (an instance per grading costs
+    # 1.5 ms of CPU a grading).
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+          f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}")
     inside.guard_module.preseal()  # once, for every grading forked from here
     inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
                                 sys.modules[__name__]])

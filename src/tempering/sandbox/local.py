@@ -350,6 +350,19 @@ def _bind_volume(name: str, workdir: str) -> list[str]:
             "--bind", str(vol / "shm"), "/dev/shm"]
 
 
+# /dev as bubblewrap's --dev makes it (a tmpfs, the harmless device nodes, the fd links), except
+# its devpts: that has no maximum, and every pty in it comes out of the machine's one count. PID 1
+# (the init, the grading zygote) mounts a devpts of its own with a maximum at /dev/pts (and a
+# second instance would cost as much again: 1.2 ms a start).
+_DEV = ["--tmpfs", "/dev",
+        *(arg for node in ("null", "zero", "full", "random", "urandom", "tty")
+          for arg in ("--dev-bind", f"/dev/{node}", f"/dev/{node}")),
+        "--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
+        "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2",
+        "/dev/stderr", "--symlink", "/proc/kcore", "/dev/core", "--dir", "/dev/pts",
+        "--symlink", "pts/ptmx", "/dev/ptmx", "--dir", "/dev/shm"]
+
+
 def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],
                wiring: Egress | None = None) -> list[str]:
     """bubblewrap's command line for a sandbox of ``spec`` whose PID 1 runs ``command`` with
@@ -368,7 +381,7 @@ def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--unshare-net",
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
             *caps, "--clearenv", *system_args(spec, 1000, 1000, resolv), "--proc", "/proc",
-            "--dev", "/dev", "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk",
+            *_DEV, "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/.tempering/disk",
             *extra, "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
             # /dev is bubblewrap's own tmpfs, outside the disk limit and (for the zygote)
             # shared by every grading: read-only, its nodes still usable; the storage puts
