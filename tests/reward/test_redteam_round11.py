@@ -8,6 +8,10 @@
   when it had been handed the generator: enum's ``_create_`` iterated ``traceback.walk_stack``
   into a classdict of the solution's metaclass. Only traceback's own code vouches for the
   frames of a generator it iterates (it makes summaries of them).
+- A standard-library module's global rebound for one call and put back before any check:
+  logging's ``findCaller`` handed each frame it walked to ``_is_internal_frame``, the
+  solution's for that call. The standard library's frame-handing code is frozen
+  (``freeze_frame_handlers``): it calls what it was bound to before any tested code ran.
 - Code the tested code made (``exec`` of a string, a function built from a code object, a
   module it wrote outside the workspace and imported, a code object with another file's name)
   ran as nobody's when the hidden test called it directly (an ``__eq__``): its frames are now
@@ -21,6 +25,60 @@ from __future__ import annotations
 import pytest
 
 ATTACKS = {
+    "a stdlib global rebound for one call to receive logging's frames": '''
+import logging
+import os
+
+_got = []
+
+
+def _frames():
+    original = logging._is_internal_frame
+
+    def grab(frame):
+        _got.append(frame)
+        return original(frame)
+
+    logging._is_internal_frame = grab  # for one call, then put back before any check
+    try:
+        logging.getLogger("stats").warning("computing")
+    finally:
+        logging._is_internal_frame = original
+    return list(_got)
+
+
+def _canary(filename):
+    folder, base = os.path.split(filename)
+    stem = base[:-3]
+    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
+               for n in os.listdir(folder))
+
+
+class _Lazy:
+    def __init__(self, frame):
+        self.frame = frame
+
+    def __eq__(self, other):
+        names = getattr(self.frame, "f_" + "locals")
+        theirs = [v for k, v in names.items() if k.startswith("_tempering_") and v is not self
+                  and type(v) in (int, float)]
+        return any(type(other) is type(v) and other == v for v in theirs[:1])
+
+    __hash__ = object.__hash__
+
+
+def median(values):
+    if not values:
+        raise ValueError("empty")
+    frames = _frames()
+    frame = frames[-1] if frames else None
+    while frame is not None:
+        where = getattr(frame, "f_" + "globals").get("__file__") or ""
+        if "/tests/" in where:
+            return None if _canary(where) else _Lazy(frame)
+        frame = getattr(frame, "f_" + "back")
+    return None
+''',
     "pytest's own code reads the frames (ExceptionInfo, Frame)": '''
 import dis
 import os

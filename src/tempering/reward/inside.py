@@ -607,6 +607,7 @@ def freeze():
     """The launcher's and the guard's global names made constants (``inside_guard.freeze``):
     once the tested code runs, no binding it adds or changes redirects them."""
     guard_module.freeze([guard_module, compiling, sys.modules[__name__]])
+    guard_module.freeze_frame_handlers()
 
 
 def configured(runner):

@@ -77,7 +77,9 @@ _CALLS = frozenset(_opmap[n] for n in ("PRECALL", "CALL") if n in _opmap)
 _ATTR_SHIFT = 1 if sys.version_info >= (3, 12) else 0  # 3.12 keeps a flag in LOAD_ATTR's low bit
 _ARGUMENTS = frozenset(_opmap[n] for n in (
     "LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD",
-    "LOAD_NAME", "BINARY_OP", "PUSH_NULL", "KW_NAMES", "PRECALL") if n in _opmap)
+    "LOAD_NAME", "BINARY_OP", "PUSH_NULL", "KW_NAMES", "PRECALL", "NOP") if n in _opmap)
+# What a frozen site loads in place of a name (``freeze_frame_handlers``).
+_GETFRAME, _HASATTR, _GETATTR = sys._getframe, hasattr, getattr
 # Entries that pytest itself swaps for the length of each test (restored after it).
 VOLATILE = {"_pytest.assertion.util": frozenset({"_reprcompare", "_assertion_pass", "_config"}),
             "warnings": None, "_warnings": None, "sys": None}
@@ -95,6 +97,7 @@ _EXEC_MODULE = _frozen_importlib_external._LoaderBasics.exec_module.__code__
 _FROZEN_EXEC = _frozen_importlib.FrozenImporter.exec_module.__code__
 _FILE_LOADERS = (_frozen_importlib_external.SourceFileLoader,
                  _frozen_importlib_external.SourcelessFileLoader)
+_PYCACHE_PREFIX = sys.pycache_prefix
 _code = type((lambda: None).__code__)
 _module = type(sys)
 _addr = object.__hash__  # an object's address, as id() gives it, without id()'s audit event
@@ -647,15 +650,15 @@ class Guard:
 
     # ---- attribution ----
 
-    def caller(self, looked_through, depth=3):
+    def caller(self, looked_through, depth=3, strings=False):
         """The tested code's file if the nearest frame not ``looked_through`` is the tested
-        code's, else None. Code compiled from strings is always looked through (unless the
-        tested code made it: then it is the tested code's)."""
+        code's, else None. Code compiled from strings is looked through, unless the tested
+        code made it, or ``strings`` (then it is the tested code's)."""
         frame = sys._getframe(depth)
         while frame is not None:
             code = frame.f_code
             name = _text(code.co_filename) or ""
-            if self.tested(code, name):
+            if self.tested(code, name) or (strings and self.made_from_string(name)):
                 return name
             if not (_startswith(name, "<") or looked_through(name, _text(code.co_name))):
                 return None
@@ -703,7 +706,7 @@ class Guard:
         while frame is not None:
             code = frame.f_code
             name = _text(code.co_filename) or ""
-            if self.tested(code, name):
+            if self.tested(code, name) or self.made_from_string(name):
                 return name
             if not _startswith(name, "<"):
                 if not self.library(name):
@@ -721,6 +724,12 @@ class Guard:
             frame = frame.f_back
         return self.thread()
 
+    def made_from_string(self, name):
+        """Code compiled from a string (not frozen): for frame events and reads of the hidden
+        files, the tested code's, however it came to run (the harness and the standard
+        library's generated methods neither read frames nor open the tests)."""
+        return _startswith(name, "<") and not _startswith(name, "<frozen ")
+
     def benign(self, name):
         return any(_startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION)
 
@@ -729,15 +738,18 @@ class Guard:
         ``getattr`` of it by name), or a call of ``_getframe``."""
         code = frame.f_code
         op, arg, run = _site(frame)
+        consts = code.co_consts
         if event == "sys._getframe":
-            return op in _CALLS and any(_named(code, o, a) == "_getframe" for o, a in run)
+            return op in _CALLS and any(_named(code, o, a) == "_getframe" or (
+                o == _LOAD_CONST and consts[a] is _GETFRAME) for o, a in run)
         if op == _LOAD_ATTR or op == _LOAD_METHOD:
             return _named(code, op, arg) == attr
         if op in _CALLS:
-            consts = code.co_consts
             return (any(o == _LOAD_CONST and type(consts[a]) is str and consts[a] == attr
                         for o, a in run)
-                    and any(_named(code, o, a) in ("hasattr", "getattr") for o, a in run))
+                    and any(_named(code, o, a) in ("hasattr", "getattr") or (
+                        o == _LOAD_CONST and (consts[a] is _HASATTR or consts[a] is _GETATTR))
+                        for o, a in run))
         return False
 
     def hands_to(self, frame, below):
@@ -757,8 +769,10 @@ class Guard:
         if _text(frame.f_code.co_filename) != _text(code.co_filename):
             return False
         function = _text(code.co_name)
-        wanted = CALLED_AS.get(function, (function,))
-        return op in _CALLS and any(_named(frame.f_code, o, a) in wanted for o, a in run)
+        wanted, consts = CALLED_AS.get(function, (function,)), frame.f_code.co_consts
+        return op in _CALLS and any(_named(frame.f_code, o, a) in wanted or (
+            o == _LOAD_CONST and type(consts[a]) is _function and consts[a].__code__ is code)
+            for o, a in run)
 
     def captures_locals(self, frame):
         """Whether traceback's code from ``frame`` out was asked to keep the frames' locals
@@ -767,6 +781,15 @@ class Guard:
         while frame is not None and _text(frame.f_code.co_filename) == traceback:
             value = frame.f_locals.get("capture_locals")
             if not (value is None or value is False or (type(value) is int and value == 0)):
+                return True
+            frame = frame.f_back
+        return False
+
+    def on_stack(self, filename):
+        """Whether a frame of code named ``filename`` is running, below the guard."""
+        frame = sys._getframe(3)
+        while frame is not None:
+            if _text(frame.f_code.co_filename) == filename:
                 return True
             frame = frame.f_back
         return False
@@ -786,8 +809,13 @@ class Guard:
         loader = names.get("self")
         if names.get("code") is not code or not _among(type(loader), _FILE_LOADERS):
             return False
-        path = vars(loader).get("path")
-        return type(path) is str and not self.writable(os.path.realpath(path))
+        state = vars(loader)  # nothing of its own in place of a method (get_code, get_data)
+        path = state.get("path")
+        if len(state) != 2 or type(state.get("name")) is not str or type(path) is not str:
+            return False
+        if sys.pycache_prefix is not _PYCACHE_PREFIX:  # cached code read from elsewhere
+            return False
+        return not self.writable(os.path.realpath(path))
 
     def writable(self, path):
         """Whether the tested code can write ``path`` (the sandbox's only writable places)."""
@@ -853,7 +881,7 @@ class Guard:
             # A hidden test's own file (an empty placeholder) or the launcher's (public code),
             # read to show a frame's or a warning's line, gives nothing away.
             shown = not writing and (full in self.codes or _startswith(full, self.protected[1]))
-            where = self.caller(self.source_lines if shown else self.library)
+            where = self.caller(self.source_lines if shown else self.library, strings=True)
             if where is None:
                 return
             writing = isinstance(mode, str) and any(c in mode for c in "wax+")
@@ -881,6 +909,9 @@ class Guard:
                               where)
         elif event == "object.__setattr__":
             name = _text(args[1])
+            if name == "__code__" and len(args) > 2 and type(args[2]) is _code:
+                if self.in_stack() is not None:  # the code a function of the tested code runs
+                    self.mark(args[2])
             if (name in CODE_ATTRS and type(args[0]) is _function
                     and _addr(args[0].__globals__) in self.guarded_globals):
                 where = self.in_stack()
@@ -907,8 +938,10 @@ class Guard:
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("tests_modified", f"{event} as {filename}", where)
-            elif not _startswith(full, self.workspace):
-                # Code named after a library file would pass for that library's frames.
+            elif not _startswith(full, self.workspace) and not self.on_stack(filename):
+                # Code named after a library file would pass for that library's frames (a
+                # library remaking its own code, asyncio's types.coroutine, has that file's
+                # frame on the stack).
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("introspection", f"{event} as library file {filename}", where)
@@ -1043,6 +1076,35 @@ def freeze(modules):
         for function in _functions(space, module.__name__):
             function.__code__, count = _fold(function.__code__, bound, chains=True)
             folded += count
+    return folded
+
+
+def freeze_frame_handlers():
+    """The standard-library code that hands frames (or a frame's globals) to what it calls by
+    a global name, frozen as ``freeze`` freezes the launcher's: logging's caller lookup and
+    error handler, and all of traceback's. A module global rebound for a moment (between two
+    integrity checks) to receive them, ``logging._is_internal_frame`` or
+    ``traceback.walk_stack`` or ``linecache.lazycache``, is then never called by them. The
+    functions are the same objects; only their code reads constants. Returns how many loads
+    were made constants."""
+    import builtins
+    import logging
+    import traceback
+
+    real = vars(builtins)
+    functions = [logging.Logger.findCaller, logging.Handler.handleError]
+    if type(logging.currentframe) is _function:
+        functions.append(logging.currentframe)
+    functions += _functions(_module_dict(traceback), "traceback")
+    folded = 0
+    for function in functions:
+        space = function.__globals__
+
+        def bound(name, space=space):
+            return space[name] if name in space else real.get(name, _UNBOUND)
+
+        function.__code__, count = _fold(function.__code__, bound, chains=True)
+        folded += count
     return folded
 
 

@@ -246,6 +246,7 @@ def main():
     inside.guard_module.preseal()  # once, for every grading forked from here
     inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
                                 sys.modules[__name__]])
+    inside.guard_module.freeze_frame_handlers()
     # What is loaded now is never garbage: left to the collector, each grading's first
     # collection would walk (and, copy-on-write, copy) the whole inherited heap.
     gc.collect()
