@@ -54,6 +54,7 @@ from tempering.sandbox.host import (
     reclaim_volumes,
     snapshot_volume,
     storage_for,
+    unbounded_file_table,
     volumes,
 )
 from tempering.sandbox.image import REPOSITORY, build_recipe
@@ -171,12 +172,16 @@ class DockerSandbox(InitSandbox):
                 "NetworkMode": self._network,
                 "Memory": spec.memory_mb << 20, "MemorySwap": spec.memory_mb << 20,
                 "PidsLimit": spec.pids, "NanoCpus": int(spec.cpus * 1e9),
+                # No ping sockets (the engine allows them to every group): their queues
+                # are charged to nothing. The init's filter refuses them too.
+                "Sysctls": {"net.ipv4.ping_group_range": "1 0"},
                 "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"],
                 "ReadonlyRootfs": True, "Init": False, "Binds": binds, **storage,
             },
         }
 
     async def _start(self, snapshot_of: str | None = None) -> None:
+        unbounded_file_table()  # containers share the machine's open-file table too
         init = native_binary("init")
         if self.spec.network:
             self._network = await egress_network(self._engine)
