@@ -17,6 +17,7 @@ Each runs through the real grader on ``examples/tasks/median``, under both runne
 from __future__ import annotations
 
 import pytest
+from redteam_parts import CANARY_BY_NAME
 
 # The honest median, after taking a frame by ``route`` (a function body): the grade must carry
 # ``introspection`` and score 0, though every answer is right.
@@ -80,16 +81,7 @@ def _attr(obj, name):
     return next(iter(Counter(map(attrgetter(name), [obj]))))
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 def median(values):
     if not values:

@@ -23,6 +23,7 @@ Each runs through the real grader on ``examples/tasks/median``, under both runne
 from __future__ import annotations
 
 import pytest
+from redteam_parts import CANARY_BY_NAME
 
 ATTACKS = {
     "a stdlib global rebound for one call to receive logging's frames": '''
@@ -87,16 +88,7 @@ import sys
 _PT = sys.modules.get("_py" + "test._code")
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 def median(values):
     """The median of a non-empty list of numbers."""
@@ -135,16 +127,7 @@ def _attr(obj, name):
     return next(it)
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 def median(values):
     """The median of a non-empty list of numbers."""
@@ -213,16 +196,7 @@ def _frames():
     return _got.pop()
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 class _Lazy:
     """Equal to whatever the test compares it with: read from the test's own locals."""

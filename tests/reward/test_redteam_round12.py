@@ -20,6 +20,7 @@ Each runs through the real grader on ``examples/tasks/median``, under both runne
 from __future__ import annotations
 
 import pytest
+from redteam_parts import CANARY_BY_NAME
 
 ATTACKS = {
     "a string's code given to a workspace function as its __code__": '''
@@ -47,16 +48,7 @@ def median(values):
 """
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 _dis = dis
 
@@ -97,16 +89,7 @@ def median(values):
 """
 
 
-def _canary(filename):
-    folder, base = os.path.split(filename)
-    stem = base[:-3]
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(n.endswith(".py") and n[:-3] != stem and stem.startswith(n[:-3] + "_")
-               for n in names)
-
+''' + CANARY_BY_NAME + '''
 
 _mod = types.ModuleType("_stats_impl")
 vars(_mod).update(_canary=_canary, _dis=dis)
