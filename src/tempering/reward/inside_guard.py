@@ -42,14 +42,17 @@ WATCHED = frozenset({
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
     "object.__setattr__", "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile",
     "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount", "exec",
-    "function.__new__",
+    "function.__new__", "sys.addaudithook",
 })
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
                          "f_code"})
 # What hands over every object or every frame: refused outright once the guard runs (nothing
-# of the harness needs them), whoever asks; the tested code asking is flagged besides.
+# of the harness needs them), whoever asks; the tested code asking is flagged besides. A second
+# audit hook is among them: every hook sees every event, the guard's own frame reads included
+# (``object.__getattr__`` with the frame), so it would be handed the frames the guard walks.
 REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                     "sys._current_frames", "sys.settrace", "sys.setprofile"})
+                     "sys._current_frames", "sys.settrace", "sys.setprofile",
+                     "sys.addaudithook"})
 CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 RESUMABLE = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
@@ -516,7 +519,8 @@ class Guard:
         if not getattr(self.local, "busy", False):
             self.local.busy = True
             try:
-                where = self.caller(self.through_introspection, depth=4)
+                # From caller's frame: refuse, this hook, then the frame that asked.
+                where = self.caller(self.library, depth=3, strings=True)
                 if where is not None:
                     self.flag("introspection", f"{event} (refused)", where)
             except Exception:
