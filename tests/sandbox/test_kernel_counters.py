@@ -211,6 +211,16 @@ print("honest ok")
         assert line.split()[1] == refusal, r.stdout
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe uses x86_64 numbers")
+async def test_memfd_secret_is_absent(sb) -> None:
+    """Secret memory is taken out of the kernel's direct map page by page, splitting its huge
+    pages for good: machine-wide damage no memory limit bounds. The call answers ENOSYS."""
+    script = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "print(libc.syscall(447, 0), ctypes.get_errno())\n")
+    r = await sb.exec(["python3", "-c", script], timeout=20)
+    assert r.exit_code == 0 and r.stdout.split() == ["-1", str(errno.ENOSYS)], r
+
+
 async def test_open_files_are_bounded_by_memory_not_by_a_machine_wide_table(make_spec) -> None:
     """One sandbox filled the kernel's open-file table (a tenth of RAM at 1 KiB a file, while
     a file is charged a fifth of that to its memory cgroup): the table is made as large as

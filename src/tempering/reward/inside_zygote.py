@@ -17,7 +17,11 @@ forks a child that
    configuration the host sends, reporting on the same socket.
 
 Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
-a grading (fork). Runs with the sandbox's ``python3 -I -B``; stdlib only.
+a grading (fork). A grading has no ptys: the zygote's /dev has no devpts (bubblewrap makes none
+here), since a devpts shared by the gradings, which share the zygote's uid, would let one open
+another's terminal, and one of its own would cost 1.5 ms of CPU a grading; a task whose tests
+need a terminal runs under the pytest runner, in a sandbox of its own. Runs with the sandbox's
+``python3 -I -B``; stdlib only.
 """
 
 # Besides what it uses, the zygote imports what solutions and tests commonly import (the
@@ -52,7 +56,6 @@ PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 MNT_DETACH = 2
 MS_RDONLY, MS_REMOUNT = 1, 32
-PTYS = 32  # the ptys of all gradings of one zygote, at most (one devpts instance)
 DISK = "/.tempering/disk"
 
 
@@ -238,11 +241,6 @@ def main():
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
-    # Ptys come out of one machine-wide count, and bubblewrap's devpts has no maximum: one of
-    # the zygote's own, with one, which its gradings share (an instance per grading costs
-    # 1.5 ms of CPU a grading).
-    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-          f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}")
     inside.guard_module.preseal()  # once, for every grading forked from here
     inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
                                 sys.modules[__name__]])
