@@ -80,13 +80,28 @@ async def network_check() -> tuple[str, bool | None, str]:
         return name, False, str(exc)
     async with sandbox:
         took = (time.perf_counter() - start) * 1000
-        route = await sandbox.exec("ip -4 route show default")
-        refused = await sandbox.exec("ip route get 169.254.169.254")
-    if "dev tap0" not in route.stdout or refused.exit_code == 0:
-        return name, False, (f"the sandbox's routes are wrong (default: {route.stdout.strip()!r};"
-                             f" metadata: {refused.stdout.strip()!r})")
+        # A sandbox has no netlink socket: its routes are read from here, in its namespace.
+        netns = f"--net=/proc/{sandbox._init_pid}/ns/net"  # type: ignore[attr-defined]
+        route = await _run("nsenter", netns, "ip", "-4", "route", "show", "default")
+        refused = await _run("nsenter", netns, "ip", "route", "get", "169.254.169.254")
+    if "dev tap0" not in route[1] or refused[0] == 0:
+        return name, False, (f"the sandbox's routes are wrong (default: {route[1].strip()!r};"
+                             f" metadata: {refused[1].strip() or refused[2].strip()!r})")
     return name, True, (f"started in {took:.0f} ms through slirp4netns; link-local, private "
                         "ranges and this host refused inside")
+
+
+async def _run(*argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of a host command."""
+    import asyncio
+
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        return 127, "", f"{argv[0]}: {exc}"
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def docker_check() -> tuple[str, bool | None, str]:
