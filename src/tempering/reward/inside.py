@@ -26,6 +26,7 @@ import contextlib
 import marshal
 import os
 import sys
+from decimal import Decimal
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inside_compile as compiling  # noqa: E402 - from the launcher's own read-only directory
@@ -92,11 +93,20 @@ def _variants(expected, count):
         elif kind is int:
             out.append(expected + step if os.urandom(1)[0] & 1 else expected - step)
         elif kind is float and expected == expected and abs(expected) != float("inf"):
-            # A random, unround offset: no honest computation lands on it, so a value
-            # equal to one is a lie (``claim``).
-            delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
-                                             / 2 ** 32) / 4
-            out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
+            if os.urandom(1)[0] & 1:
+                # As round as the literal, ``step`` units of its last digit away (2.5 ->
+                # 2.3, 3.4...): the copy of the expected value is not the one round number
+                # among them, and a wrong answer may land on one, as for ints.
+                digits = Decimal(repr(expected))
+                unit = Decimal(1).scaleb(digits.as_tuple().exponent)
+                out.append(float(digits + unit * step if os.urandom(1)[0] & 1
+                                 else digits - unit * step))
+            else:
+                # A random, unround offset: no honest computation lands on it, so a value
+                # equal to one is a lie (``claim``).
+                delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
+                                                 / 2 ** 32) / 4
+                out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
         elif kind is str or kind is bytes:
             extra = kind(chr(96 + step) if kind is str else bytes([96 + step]))
             out.append(expected + extra if os.urandom(1)[0] & 1 or not expected
@@ -154,13 +164,23 @@ def claim(value, asked, other, said):
     """The instrumented test found ``value == asked`` true while probing; ``said`` is what
     earlier answers of the same probe said (bit 1: equal to ``other``, the other operand, as
     the probe's copy of it; bit 2: equal to one value like it). A fresh object, a second
-    value or a float variant is a lie: a real value equals at most one number (a wrong answer
-    may be the int or str a variant names; no honest computation lands on a float one)."""
+    value or an unround float variant is a lie: a real value equals at most one number (a
+    wrong answer may be the int, str or float as round as the literal that a variant names;
+    no honest computation lands on an unround one)."""
     if type(asked) is not _Fresh and _honest(asked) and _honest(other) and asked == other:
         return said | 1  # the probe's copy of the other operand (both of builtin kinds)
-    if type(asked) is not _Fresh and type(asked) is not float and not said & 2:
-        return said | 2  # a wrong answer that happens to be this variant (not for floats)
+    if type(asked) is not _Fresh and not said & 2 and _plausible(asked, other):
+        return said | 2  # a wrong answer that happens to be this variant
     _lie(value, "claims to equal what it is not", "compares true with what it is not")
+
+
+def _plausible(asked, other):
+    """Whether a wrong answer could be ``asked``: anything but a float less round than the
+    float literal it varies (``_variants``' unround offsets)."""
+    if type(asked) is not float or type(other) is not float or asked != asked:
+        return True
+    digits = Decimal(repr(asked)).as_tuple().exponent
+    return type(digits) is int and digits >= Decimal(repr(other)).as_tuple().exponent
 
 
 def held(left, right, left_said, right_said):
