@@ -12,7 +12,7 @@ sets the canaries apart that tampering could key on:
   ``== 3``), so it fails for the honest solution and the stub alike and only a runner that
   passes failures passes it. The mutated assertion is the first statement of its test (or of
   the helper the test calls first), so it always runs. A wrong answer can happen to equal the
-  changed literal (a flipped bool, a doubled last item): where the test it is a mutant of
+  changed literal (a flipped bool, a list item moved by one): where the test it is a mutant of
   failed too, a passing mutant is no evidence against the runner (``mutant_of``).
 """
 
@@ -180,6 +180,12 @@ def _changed(value: object, rng: secrets.SystemRandom) -> object | None:
     if isinstance(value, str):
         return value + rng.choice("abcdefghijklmnopqrstuvwxyz")
     if isinstance(value, list | tuple) and value:
+        # One item changed where one can be (a doubled last item would mark the mutant: its
+        # last two items equal, which the tested code could look for), else one added.
+        at = [i for i, item in enumerate(value) if _changed(item, rng) is not None]
+        if at:
+            i = rng.choice(at)
+            return type(value)([*value[:i], _changed(value[i], rng), *value[i + 1:]])
         return type(value)([*value, value[-1]])
     return None
 

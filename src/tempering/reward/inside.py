@@ -81,46 +81,101 @@ def _honest(value, depth=0):
 
 def _variants(expected, count):
     """Up to ``count`` values of ``expected``'s kind and shape that differ from it, on both
-    sides (2 -> 0, 3, 5...; one item of a list changed): an honest value equals none."""
+    sides (2 -> 0, 3, 5...; an item of a list, set or dict changed, added or dropped): an
+    honest value equals none. Their unchanged parts are copies too, so no part of one is the
+    test's own object where the probe's copy of the expected value has a new one."""
     out = []
-    kind = type(expected)
     for _ in range(count * 2):
         if len(out) >= count:
             break
-        step = 1 + os.urandom(1)[0] % 24
-        if kind is bool:
-            out.append(not expected)
-        elif kind is int:
-            out.append(expected + step if os.urandom(1)[0] & 1 else expected - step)
-        elif kind is float and expected == expected and abs(expected) != float("inf"):
-            if os.urandom(1)[0] & 1:
-                # As round as the literal, ``step`` units of its last digit away (2.5 ->
-                # 2.3, 3.4...): the copy of the expected value is not the one round number
-                # among them, and a wrong answer may land on one, as for ints.
-                digits = Decimal(repr(expected))
-                unit = Decimal(1).scaleb(digits.as_tuple().exponent)
-                out.append(float(digits + unit * step if os.urandom(1)[0] & 1
-                                 else digits - unit * step))
-            else:
-                # A random, unround offset: no honest computation lands on it, so a value
-                # equal to one is a lie (``claim``).
-                delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
-                                                 / 2 ** 32) / 4
-                out.append(expected + delta if os.urandom(1)[0] & 1 else expected - delta)
-        elif kind is str or kind is bytes:
-            extra = kind(chr(96 + step) if kind is str else bytes([96 + step]))
-            out.append(expected + extra if os.urandom(1)[0] & 1 or not expected
-                       else expected[:-1])
-        elif (kind is list or kind is tuple) and expected:
-            at = os.urandom(1)[0] % len(expected)
-            changed = _variants(expected[at], 1)
-            if changed:
-                out.append(kind([*expected[:at], changed[0], *expected[at + 1:]]))
-        else:
+        one = _variant(expected, 1 + os.urandom(1)[0] % 24)
+        if one is _NO:
             break
-        if out and any(out[-1] == seen for seen in out[:-1]):
-            out.pop()  # each value once: an honest value may equal one of them, once
+        if not any(one == seen for seen in out):
+            out.append(one)  # each value once: an honest value may equal one of them, once
     return out
+
+
+def _variant(expected, step):
+    """One value of ``expected``'s kind that differs from it, ``step`` being how far where
+    that means something; ``_NO`` where there is none (None has no other value)."""
+    kind, coin = type(expected), os.urandom(1)[0] & 1
+    if kind is bool:
+        return not expected
+    if kind is int:
+        return expected + step if coin else expected - step
+    if kind is float:
+        if expected != expected:
+            return _NO  # NaN equals nothing, itself included
+        if abs(expected) == float("inf"):
+            return -expected if coin else (1.0 - 2 * (expected < 0)) * 1.7e308
+        if os.urandom(1)[0] & 1:
+            # As round as the literal, ``step`` units of its last digit away (2.5 -> 2.3,
+            # 3.4...): the copy of the expected value is not the one round number among them,
+            # and a wrong answer may land on one, as for ints.
+            digits = Decimal(repr(expected))
+            unit = Decimal(1).scaleb(digits.as_tuple().exponent)
+            return float(digits + unit * step if coin else digits - unit * step)
+        # A random, unround offset: no honest computation lands on it, so a value equal to
+        # one is a lie (``claim``).
+        delta = (1.0 + abs(expected)) * (step + int.from_bytes(os.urandom(4), "little")
+                                         / 2 ** 32) / 4
+        return expected + delta if coin else expected - delta
+    if kind is complex:
+        move = step if coin else -step
+        return (complex(expected.real + move, expected.imag) if os.urandom(1)[0] & 1
+                else complex(expected.real, expected.imag + move))
+    if kind is str or kind is bytes:
+        extra = kind(chr(96 + step) if kind is str else bytes([96 + step]))
+        return expected + extra if coin or not expected else expected[:-1]
+    if kind is list or kind is tuple:
+        items = [_copy(item) for item in expected]
+        _change(items, step)
+        return kind(items)
+    if kind is set or kind is frozenset:
+        items = [_copy(item) for item in expected]
+        if items and os.urandom(1)[0] % 3 == 0:
+            items.pop(os.urandom(1)[0] % len(items))  # one dropped
+        else:  # one added: like one of its items (or a small int), and not in it
+            for _ in range(8):
+                new = _variant(items[os.urandom(1)[0] % len(items)], step) if items else step
+                if new is not _NO and new not in expected:
+                    items.append(new)
+                    break
+            else:
+                return _NO
+        return kind(items)
+    if kind is dict:
+        pairs = [[_copy(key), _copy(value)] for key, value in expected.items()]
+        pick = os.urandom(1)[0] % 3
+        if pairs and pick == 0:
+            pairs.pop(os.urandom(1)[0] % len(pairs))  # a key dropped
+        elif pairs and pick == 1:  # a value changed
+            at = os.urandom(1)[0] % len(pairs)
+            value = _variant(pairs[at][1], step)
+            pairs[at][1] = value if value is not _NO else [pairs[at][1]]
+        else:  # a key added: like one of its keys (or a small int), and not in it
+            key = _variant(pairs[0][0], step) if pairs else step
+            if key is _NO or key in expected:
+                return _NO
+            pairs.append([key, _copy(pairs[0][1]) if pairs else 0])
+        return dict(pairs)
+    return _NO
+
+
+def _change(items, step):
+    """``items`` (a copy of a list's or tuple's) with one changed, added or dropped."""
+    pick = os.urandom(1)[0] % 3
+    if items and pick == 0:
+        at = os.urandom(1)[0] % len(items)
+        value = _variant(items[at], step)
+        if value is not _NO:
+            items[at] = value
+            return
+    if items and pick == 1:
+        items.pop(os.urandom(1)[0] % len(items))
+        return
+    items.append(_copy(items[os.urandom(1)[0] % len(items)]) if items else step)
 
 
 def _copy(value):
