@@ -221,6 +221,37 @@ async def test_memfd_secret_is_absent(sb) -> None:
     assert r.exit_code == 0 and r.stdout.split() == ["-1", str(errno.ENOSYS)], r
 
 
+BPF_PROGRAMS = r"""
+import ctypes, errno, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+s = socket.socket()
+code = (ctypes.c_ubyte * 8)(*struct.pack("HBBI", 6, 0, 0, 0xffff))  # ret 0xffff
+program = struct.pack("HL", 1, ctypes.addressof(code))
+for name, option in (("filter", 26), ("reuseport filter", 51)):
+    try:
+        s.setsockopt(socket.SOL_SOCKET, option, program)
+        print(name, "attached")
+    except OSError as exc:
+        print(name, errno.errorcode[exc.errno])
+print("prctl", libc.prctl(22, 2, ctypes.addressof(code), 0, 0), ctypes.get_errno())
+print("seccomp", libc.syscall(317, 1, 0, ctypes.addressof(code)), ctypes.get_errno())
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+print("other options ok")
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe uses x86_64 numbers")
+async def test_no_bpf_programs_of_the_sandboxs_own(sb) -> None:
+    """Socket and seccomp filters are JIT-compiled into memory from one machine-wide budget
+    (net.core.bpf_jit_limit) that no memory cgroup counts: one sandbox filled it, and no new
+    sandbox could install its own seccomp filter. Both answer EPERM inside."""
+    r = await sb.exec(["python3", "-c", BPF_PROGRAMS], timeout=20)
+    assert r.exit_code == 0, r
+    assert r.stdout.splitlines() == [
+        "filter EPERM", "reuseport filter EPERM", f"prctl -1 {errno.EPERM}",
+        f"seccomp -1 {errno.EPERM}", "other options ok"], r.stdout
+
+
 async def test_open_files_are_bounded_by_memory_not_by_a_machine_wide_table(make_spec) -> None:
     """One sandbox filled the kernel's open-file table (a tenth of RAM at 1 KiB a file, while
     a file is charged a fifth of that to its memory cgroup): the table is made as large as

@@ -294,6 +294,15 @@ static const int denied[] = {
 #ifndef SYS_memfd_secret
 #define SYS_memfd_secret 447
 #endif
+#ifndef SO_ATTACH_BPF
+#define SO_ATTACH_BPF 50
+#endif
+#ifndef SO_ATTACH_REUSEPORT_CBPF
+#define SO_ATTACH_REUSEPORT_CBPF 51
+#endif
+#ifndef SO_ATTACH_REUSEPORT_EBPF
+#define SO_ATTACH_REUSEPORT_EBPF 52
+#endif
 static const int no_aio[] = {
     SYS_io_setup, SYS_io_destroy, SYS_io_submit, SYS_io_cancel, SYS_io_getevents,
 #ifdef SYS_io_pgetevents
@@ -319,8 +328,9 @@ static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6 };
 enum { N_DENIED = sizeof denied / sizeof denied[0], N_AIO = sizeof no_aio / sizeof no_aio[0] };
 enum { N_FAMILIES = sizeof socket_families / sizeof socket_families[0] };
 /* 2 instructions per denied or AIO call, 8 around them, 6 for ioctl, 7 for clone3 and clone,
- * 7 for socket's protocol, 5 + one per family for socket and socketpair. */
-enum { FILTER_MAX = 2 * (N_DENIED + N_AIO) + N_FAMILIES + 36 };
+ * 7 for socket's protocol, 10 for socket filters, 10 for seccomp filters, 5 + one per family
+ * for socket and socketpair. */
+enum { FILTER_MAX = 2 * (N_DENIED + N_AIO) + N_FAMILIES + 56 };
 
 /* The seccomp program every command runs under; returns its length. */
 static int build_filter(struct sock_filter *prog) {
@@ -345,6 +355,32 @@ static int build_filter(struct sock_filter *prog) {
         prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)no_aio[i], 0, 1);
         prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
     }
+    /* No BPF programs of the sandbox's own: socket filters (classic or eBPF) and seccomp
+     * filters are JIT-compiled into memory that comes out of one machine-wide budget
+     * (net.core.bpf_jit_limit) and no memory cgroup; one sandbox that filled it (11,709
+     * socket filters) left every new sandbox unable to install its own seccomp filter, and
+     * every unprivileged process on the host too. The init and the zygote install theirs
+     * before this filter applies. */
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_setsockopt, 0, 8);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOL_SOCKET, 0, 6);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SO_ATTACH_FILTER, 3, 0);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SO_ATTACH_BPF, 2, 0);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SO_ATTACH_REUSEPORT_CBPF, 1, 0);
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SO_ATTACH_REUSEPORT_EBPF, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_seccomp, 0, 3);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SECCOMP_SET_MODE_FILTER, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 3);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+    prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_SECCOMP, 0, 1);
+    prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
     /* socket: no ICMP datagram ("ping") sockets, whatever the namespace's ping_group_range
      * (the engine opens it to every group in a container's): their queues are charged to no
      * memory cgroup and to no machine-wide ceiling (a 128 MiB container pinned 2.1 GiB). */
