@@ -241,11 +241,108 @@ def _plausible(asked, other):
 def held(left, right, left_said, right_said):
     """After ``assert left == right`` held: a side probed against the other must have said
     so when probed, and only that (an object that answers the assertion and not the same
-    question a moment before tells the questions apart). None: a side not probed (a literal,
-    a matcher such as ``pytest.approx``)."""
+    question a moment before tells the questions apart); and it must hand over a value of
+    the other side's builtin kind that equals it (``_commit``). None: a side not probed (a
+    literal, a matcher such as ``pytest.approx``)."""
     for value, other, said in ((left, right, left_said), (right, left, right_said)):
-        if said is not None and not _honest(value) and _honest(other) and said != 1:
+        if said is None or _honest(value) or not _honest(other):
+            continue
+        if said != 1:
             _lie(value, "changes its equality from call to call", "is equal, then not")
+        given = _commit(value, other)
+        if given is _NO:
+            raise AssertionError(f"a {type(value).__qualname__} is no {type(other).__name__}: "
+                                 f"it cannot be had as one")
+        if not _honest(given) or not given == other:
+            _lie(value, "is equal to what it does not hold",
+                 f"compares equal to {_text(repr(other))[:80]} but holds another value")
+
+
+def _commit(value, like, depth=0):
+    """``value`` as a value of ``like``'s builtin kind, made by the builtin types from what it
+    holds: its number, its characters, its items (a subclass of the kind, an enum, Counter,
+    OrderedDict, namedtuple: the builtin data underneath; any other object: through its own
+    conversion, ``float()``, ``list()``..., which must hand over concrete values). An object
+    that says equal to anything holds no value it can hand over that equals them all, so
+    whatever the probe's variants are, a lazy answer is caught here: the tested code must
+    commit to a value, and the builtin ``==`` judges it. ``_NO`` if it cannot be had."""
+    kind = type(like)
+    if _among(type(value), _PLAIN) and type(value) is kind:
+        return value
+    if depth > 3:
+        return _NO
+    try:
+        if kind is bool or kind is int:
+            if isinstance(value, int):
+                return kind(int.__int__(value))
+            number = int(value) if kind is int else bool(value)
+            return number if float(value) == number else _NO
+        if kind is float:
+            return float.__float__(value) if isinstance(value, float) else float(value)
+        if kind is complex:
+            return complex(value)
+        if kind is str:
+            return str.__str__(value) if isinstance(value, str) else _exact(str(value))
+        if kind is bytes:
+            return bytes.__bytes__(value) if isinstance(value, bytes) else bytes(value)
+        if kind is type(None):
+            return value if value is None else _NO
+        if kind is list or kind is tuple:
+            items = _items(value, (list, tuple), len(like))
+            if items is _NO or len(items) != len(like):
+                return items if items is _NO else kind(items)
+            return _whole(kind, [_commit(item, near, depth + 1)
+                                 for item, near in zip(items, like, strict=True)])
+        if kind is set or kind is frozenset:
+            items = _items(value, (set, frozenset), len(like))
+            if items is _NO:
+                return _NO
+            return _whole(kind, [_commit(item, _like(item, like), depth + 1)
+                                 for item in items])
+        if kind is dict:
+            pairs = (dict.items(value) if isinstance(value, dict)
+                     else dict(value).items())  # its own mapping protocol, into a builtin dict
+            out = {}
+            for key, item in list(pairs)[:len(like) + 1]:
+                key = _commit(key, _like(key, like), depth + 1)
+                if key is _NO or key not in like:
+                    return _NO
+                item = _commit(item, like[key], depth + 1)
+                if item is _NO:
+                    return _NO
+                out[key] = item
+            return out
+    except Exception:
+        return _NO
+    return _NO
+
+
+def _whole(kind, items):
+    """A container of ``items`` (``_NO`` if one of them could not be had)."""
+    return _NO if any(item is _NO for item in items) else kind(items)
+
+
+def _like(item, values):
+    """The value among ``values`` (a set's or a dict's keys) that ``item`` is to be had as: one
+    it equals, else one of its builtin kind's, else any."""
+    for value in values:
+        if type(value) is type(item) or isinstance(item, type(value)):
+            return value
+    return next(iter(values), None)
+
+
+def _items(value, kinds, count):
+    """Up to ``count + 1`` items of ``value``: a builtin container's (a subclass's own data),
+    else what its iteration hands over."""
+    for kind in kinds:
+        if isinstance(value, kind):
+            return list(kind.__iter__(value))[:count + 1]
+    out = []
+    for item in value:
+        out.append(item)
+        if len(out) > count:
+            break
+    return out
 
 
 def probe(value, kind, expected=_NO):
