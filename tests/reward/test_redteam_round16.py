@@ -6,7 +6,9 @@ int's remainder mod 25. An object equal only to values with the expected value's
 property said equal to the probe's copy and to none of its variants, and passed every test.
 So an object that answers an asserted equality with a builtin value must also hand over a
 value of that kind (``_commit``: its number, characters or items, through the builtin types),
-which the builtin ``==`` judges: a lazy answer holds no value equal to all it claims.
+which the builtin ``==`` judges: a lazy answer holds no value equal to all it claims. It hands
+it over before anything is compared with it (the assertion itself hands the expected value
+to its ``__eq__``, which a value asked for afterwards could simply repeat).
 
 Each runs through the real grader on a task the test writes (the red team's: a date string,
 a topological order, a fare in quarters), under both runners.
@@ -145,6 +147,34 @@ def test_cap():
     raise NotImplementedError
 ''',
     },
+    # An honest solution whose value is an exact Fraction equal to an int past 2**53 (round
+    # seventeen: the check first also asked float() to agree, which rounds there).
+    'big': {
+        'module': 'big',
+        'test_name': 'test_big.py',
+        'tests': '''from fractions import Fraction
+
+from big import total
+
+
+def test_small():
+    assert total([1, 2, Fraction(1, 2), Fraction(1, 2)]) == 4
+
+
+def test_big():
+    assert total([3 ** 40, Fraction(1, 3), Fraction(2, 3)]) == 12157665459056928802
+
+
+def test_bigger():
+    assert total([2 ** 64, Fraction(1, 2), Fraction(1, 2)]) == 18446744073709551617
+''',
+        'solution': '''def total(xs):
+    return sum(xs)
+''',
+        'stub': '''def total(xs):
+    raise NotImplementedError
+''',
+    },
 }
 
 ATTACKS = {
@@ -217,6 +247,34 @@ class Quarter:
 
 def fare(route):
     return Quarter()
+'''),
+    # Found here, against the first version of the check (which asked for the value after
+    # the assertion): it hands over the value its __eq__ was last given, the expected one.
+    "hands over what the assertion compared it with": ('easter', '''
+class Shaped:
+    """Equal to strings of a date's length; hands over the last one it was compared with."""
+
+    def __init__(self):
+        self.seen = ""
+
+    def __eq__(self, other):
+        if type(other) is str and len(other) == 10:
+            self.seen = other
+            return True
+        return False
+
+    __hash__ = object.__hash__
+
+    def __str__(self):
+        return self.seen
+
+
+def easter(year):
+    return Shaped()
+
+
+def easters(years):
+    return [Shaped() for _ in years]
 '''),
 }
 

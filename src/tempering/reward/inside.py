@@ -26,6 +26,8 @@ import contextlib
 import marshal
 import os
 import sys
+from dataclasses import astuple as _astuple
+from dataclasses import is_dataclass as _is_dataclass
 from decimal import Decimal
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +39,7 @@ emit = guard_module.report
 hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
+COMMIT = compiling.COMMIT
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -238,24 +241,38 @@ def _plausible(asked, other):
     return type(digits) is int and digits >= Decimal(repr(other)).as_tuple().exponent
 
 
-def held(left, right, left_said, right_said):
+def commit(value, other):
+    """Before anything is compared with ``value``: what it holds as a value of ``other``'s
+    builtin kind (``_commit``), while it has heard nothing of the expected value (the
+    assertion itself hands that to its ``__eq__``); None where nothing is to be had (a value
+    of the builtin kinds, or compared with an object that is not)."""
+    if _honest(value) or not _honest(other):
+        return None
+    return _commit(value, other)
+
+
+def held(left, right, left_said, right_said, left_given=None, right_given=None):
     """After ``assert left == right`` held: a side probed against the other must have said
     so when probed, and only that (an object that answers the assertion and not the same
-    question a moment before tells the questions apart); and it must hand over a value of
-    the other side's builtin kind that equals it (``_commit``). None: a side not probed (a
-    literal, a matcher such as ``pytest.approx``)."""
-    for value, other, said in ((left, right, left_said), (right, left, right_said)):
+    question a moment before tells the questions apart); and what it handed over before the
+    probe (``commit``) must equal the other side. None: a side not probed (a literal, a
+    matcher such as ``pytest.approx``)."""
+    for value, other, said, given in ((left, right, left_said, left_given),
+                                      (right, left, right_said, right_given)):
         if said is None or _honest(value) or not _honest(other):
             continue
         if said != 1:
             _lie(value, "changes its equality from call to call", "is equal, then not")
-        given = _commit(value, other)
+        if given is None:
+            given = _NO  # probed, yet nothing was committed before: not to be had
+        # Not flagged (an honest class may print or iterate otherwise than it compares),
+        # but not passed either: the tests ask for a value, and this one holds none equal.
         if given is _NO:
             raise AssertionError(f"a {type(value).__qualname__} is no {type(other).__name__}: "
                                  f"it cannot be had as one")
         if not _honest(given) or not given == other:
-            _lie(value, "is equal to what it does not hold",
-                 f"compares equal to {_text(repr(other))[:80]} but holds another value")
+            raise AssertionError(f"a {type(value).__qualname__} compares equal to "
+                                 f"{_text(repr(other))[:80]} but holds {_text(repr(given))[:80]}")
 
 
 def _commit(value, like, depth=0):
@@ -264,8 +281,9 @@ def _commit(value, like, depth=0):
     OrderedDict, namedtuple: the builtin data underneath; any other object: through its own
     conversion, ``float()``, ``list()``..., which must hand over concrete values). An object
     that says equal to anything holds no value it can hand over that equals them all, so
-    whatever the probe's variants are, a lazy answer is caught here: the tested code must
-    commit to a value, and the builtin ``==`` judges it. ``_NO`` if it cannot be had."""
+    whatever the probe's variants are, a lazy answer fails here: the tested code must commit
+    to a value, before anything is compared with it, and the builtin ``==`` judges it.
+    ``_NO`` if it cannot be had."""
     kind = type(like)
     if _among(type(value), _PLAIN) and type(value) is kind:
         return value
@@ -275,8 +293,7 @@ def _commit(value, like, depth=0):
         if kind is bool or kind is int:
             if isinstance(value, int):
                 return kind(int.__int__(value))
-            number = int(value) if kind is int else bool(value)
-            return number if float(value) == number else _NO
+            return int(value) if kind is int else bool(value)  # exact: a Fraction past 2**53
         if kind is float:
             return float.__float__(value) if isinstance(value, float) else float(value)
         if kind is complex:
@@ -288,6 +305,8 @@ def _commit(value, like, depth=0):
         if kind is type(None):
             return value if value is None else _NO
         if kind is list or kind is tuple:
+            if _is_dataclass(value) and not isinstance(value, type):
+                value = _astuple(value)  # a dataclass's fields, as a tuple compares them
             items = _items(value, (list, tuple), len(like))
             if items is _NO or len(items) != len(like):
                 return items if items is _NO else kind(items)
@@ -429,7 +448,7 @@ def _run_hidden(module, path, code):
     if isinstance(code, BaseException):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
-             HELD: held}
+             HELD: held, COMMIT: commit}
     module.__file__ = path
     module.__dict__.update(hooks)
     emit("loading", module=module)  # before its code runs: reading that code is seen

@@ -19,6 +19,7 @@ PROBE = "__tempering_probe__"
 DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
+COMMIT = "__tempering_commit__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -110,14 +111,22 @@ def instrument(tree, calls=True, text=None):
 
     def equality(node, left, right):
         """``assert a == b`` as: both operands in locals of the test's own; each (not a
-        literal, not a matcher) compared, in this frame, with what ``PROBE_EQUAL`` gives
-        (fresh objects, values like the other operand, a copy of it), each true answer
-        judged by ``CLAIM``; the assertion on the locals; ``HELD`` then checks the probed
-        sides said equal to the copy when probed (a side not probed says None)."""
+        literal, not a matcher) made to hand over a value of the other's kind (``COMMIT``)
+        before anything is compared with it, then compared, in this frame, with what
+        ``PROBE_EQUAL`` gives (fresh objects, values like the other operand, a copy of it),
+        each true answer judged by ``CLAIM``; the assertion on the locals; ``HELD`` then
+        checks the probed sides said equal to the copy when probed, and that what they handed
+        over equals the other side (a side not probed says None)."""
         n = next(sites)
-        a, b, said_a, said_b = (f"_tempering_{x}{n}" for x in ("a", "b", "sa", "sb"))
+        a, b, said_a, said_b, given_a, given_b = (
+            f"_tempering_{x}{n}" for x in ("a", "b", "sa", "sb", "ga", "gb"))
         out = [assign(a, left, node), assign(b, right, node)]
-        for mine, theirs, said, operand in ((a, b, said_a, left), (b, a, said_b, right)):
+        sides = ((a, b, said_a, given_a, left), (b, a, said_b, given_b, right))
+        for mine, theirs, _, given, operand in sides:  # before the object hears any question
+            probed = not (literal(operand) or matcher(operand))
+            out.append(assign(given, helper(COMMIT, node, name(mine, node), name(theirs, node))
+                              if probed else at(ast.Constant(None), node), node))
+        for mine, theirs, said, _, operand in sides:
             probed = not (literal(operand) or matcher(operand))
             out.append(assign(said, at(ast.Constant(0 if probed else None), node), node))
             if not probed:
@@ -137,7 +146,8 @@ def instrument(tree, calls=True, text=None):
                                    comparators=[name(b, node)]), node.test)
         out.append(node)
         out.append(at(ast.Expr(helper(HELD, node, name(a, node), name(b, node),
-                                      name(said_a, node), name(said_b, node))), node))
+                                      name(said_a, node), name(said_b, node),
+                                      name(given_a, node), name(given_b, node))), node))
         return out
 
     def bodies(stmt):
