@@ -246,9 +246,27 @@ def commit(value, other):
     builtin kind (``_commit``), while it has heard nothing of the expected value (the
     assertion itself hands that to its ``__eq__``); None where nothing is to be had (a value
     of the builtin kinds, or compared with an object that is not)."""
-    if _honest(value) or not _honest(other):
+    if _honest(value):
         return None
-    return _commit(value, other)
+    if _honest(other):
+        return _commit(value, other)
+    expected = _approximated(other)
+    return None if expected is _NO else _commit(value, expected)
+
+
+def _approximated(other):
+    """What a ``pytest.approx`` of builtin values stands for (``_NO`` for anything else): the
+    value compared with it is had as that kind, and the matcher judges that value, so no
+    arithmetic of the tested code's (a ``__sub__`` that returns 0) is asked to say how near."""
+    kind = type(other)
+    if _exact(getattr(kind, "__module__", "")) != "_pytest.python_api" or \
+            not _exact(kind.__name__).startswith("Approx"):
+        return _NO
+    try:
+        expected = vars(other).get("expected", _NO)
+    except TypeError:  # no instance dict
+        return _NO
+    return expected if expected is not _NO and _honest(expected) else _NO
 
 
 def held(left, right, left_said, right_said, left_given=None, right_given=None):
@@ -259,7 +277,14 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
     matcher such as ``pytest.approx``)."""
     for value, other, said, given in ((left, right, left_said, left_given),
                                       (right, left, right_said, right_given)):
-        if said is None or _honest(value) or not _honest(other):
+        if said is None or _honest(value):
+            continue
+        if not _honest(other):
+            if _approximated(other) is _NO:
+                continue
+            if given is None or given is _NO or not _honest(given) or not other == given:
+                raise AssertionError(f"a {type(value).__qualname__} is not within "
+                                     f"{_text(repr(other))[:80]} as a value of its kind")
             continue
         if said != 1:
             _lie(value, "changes its equality from call to call", "is equal, then not")
@@ -373,6 +398,15 @@ def probe(value, kind, expected=_NO):
     in the test's own frame (``probe_equal``)."""
     if _among(type(value), _PLAIN):
         return value
+    given = value
+    if kind == "eq" and expected is not _NO and _honest(expected) and not _honest(value):
+        # Before it hears anything: a value of the expected one's kind, which the assertion
+        # (assertEqual, assertAlmostEqual...) then works on, the object's own arithmetic
+        # and comparisons left out.
+        given = _commit(value, expected)
+        if given is _NO or not _honest(given):
+            raise AssertionError(f"a {type(value).__qualname__} is no "
+                                 f"{type(expected).__name__}: it cannot be had as one")
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
         if not suspects:
@@ -406,7 +440,7 @@ def probe(value, kind, expected=_NO):
         if claims:
             _lie(item, f"claims to {'equal' if kind == 'eq' else 'order against'} what it "
                  "is not", "compares true with what it is not")
-    return value
+    return given
 
 
 def _lie(value, detail, message):

@@ -12,7 +12,8 @@ compiled once, not once per grading.
 EQUALITY_CALLS = frozenset({
     "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
     "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertCountEqual",
-    "assertIn", "assert_equal", "assert_array_equal"})
+    "assertIn", "assert_equal", "assert_array_equal", "assertAlmostEqual", "assertAlmostEquals",
+    "assertNotAlmostEqual", "assertNotAlmostEquals", "assert_allclose", "assert_almost_equal"})
 COMPARE_OPS = {"Eq": "eq", "In": "eq", "Lt": "order", "LtE": "order", "Gt": "order",
                "GtE": "order"}
 PROBE = "__tempering_probe__"
