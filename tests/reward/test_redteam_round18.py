@@ -5,7 +5,9 @@ A number that lies through its arithmetic, not its equality: its ``__sub__`` ret
 ``assertAlmostEqual`` (not instrumented) found it within any tolerance of any expected value.
 Now the value compared with an approx of builtin values is had as that kind before anything
 is compared with it, and the matcher judges that value; the almost-equal assertions get the
-value too, in place of the object.
+value too, in place of the object; and in an asserted expression, an operand of arithmetic
+with a number literal (``abs(f(x) - 0.33) < 1e-6``, found here: HumanEval's form) is had as a
+number of the literal's kind first.
 
 Each runs through the real grader on a task the test writes, under both runners.
 """
@@ -111,6 +113,28 @@ def stdev(xs):
     raise NotImplementedError
 ''',
     },
+    # Found here: the same number passes an assertion that does the arithmetic itself,
+    # HumanEval's ``abs(candidate(1.33) - 0.33) < 1e-6``.
+    'trunc': {
+        'module': 'trunc',
+        'test_name': 'test_trunc.py',
+        'tests': '''from trunc import truncate_number
+
+
+def test_a():
+    assert abs(truncate_number(1.33) - 0.33) < 1e-6
+
+
+def test_b():
+    assert abs(truncate_number(123.456) - 0.456) < 1e-6
+''',
+        'solution': '''def truncate_number(x):
+    return x % 1.0
+''',
+        'stub': '''def truncate_number(x):
+    raise NotImplementedError
+''',
+    },
 }
 
 NEAR_ANYTHING = '''
@@ -159,6 +183,12 @@ def stdev(xs):
     return Number(0.0)
 '''
 
+TRUNC = '''
+
+def truncate_number(x):
+    return Number(0.0)
+'''
+
 
 def _task(root: Path, name: str, runner: str) -> Task:
     spec = TASKS[name]
@@ -179,7 +209,8 @@ def _task(root: Path, name: str, runner: str) -> Task:
 async def test_a_number_near_anything_is_judged_by_its_value(name, runner, tmp_path,
                                                              attempt) -> None:
     task = _task(tmp_path, name, runner)
-    result = await attempt(task, {f"{TASKS[name]['module']}.py": NEAR_ANYTHING})
+    lying = NEAR_ANYTHING if name != "trunc" else NEAR_ANYTHING + TRUNC
+    result = await attempt(task, {f"{TASKS[name]['module']}.py": lying})
     # Only the test that raising on an empty input passes is passed (the stub's share of it).
     assert result.reward <= 0.25, (result.reward, result.flags, result.details[:4])
 

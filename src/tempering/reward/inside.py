@@ -39,7 +39,7 @@ emit = guard_module.report
 hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
-COMMIT = compiling.COMMIT
+COMMIT, NUMBER = compiling.COMMIT, compiling.NUMBER
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 
 
@@ -269,6 +269,19 @@ def _approximated(other):
     return expected if expected is not _NO and _honest(expected) else _NO
 
 
+def number(value, like):
+    """``value``, an operand of arithmetic with the number literal ``like`` in an assertion,
+    as a number of ``like``'s kind (``_commit``), so that its own arithmetic (a ``__sub__``
+    that returns 0) does not decide how near it is."""
+    if _among(type(value), _PLAIN):
+        return value
+    given = _commit(value, like)
+    if given is _NO or not _honest(given):
+        raise AssertionError(f"a {type(value).__qualname__} is no {type(like).__name__}: "
+                             "it cannot be had as one")
+    return given
+
+
 def held(left, right, left_said, right_said, left_given=None, right_given=None):
     """After ``assert left == right`` held: a side probed against the other must have said
     so when probed, and only that (an object that answers the assertion and not the same
@@ -482,7 +495,7 @@ def _run_hidden(module, path, code):
     if isinstance(code, BaseException):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
-             HELD: held, COMMIT: commit}
+             HELD: held, COMMIT: commit, NUMBER: number}
     module.__file__ = path
     module.__dict__.update(hooks)
     emit("loading", module=module)  # before its code runs: reading that code is seen

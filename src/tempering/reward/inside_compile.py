@@ -20,7 +20,7 @@ PROBE = "__tempering_probe__"
 DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
-COMMIT = "__tempering_commit__"
+COMMIT, NUMBER = "__tempering_commit__", "__tempering_number__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -84,8 +84,25 @@ def instrument(tree, calls=True, text=None):
 
     sites = iter(range(1 << 30))
 
+    def numeric(node):
+        return (isinstance(node, ast.Constant) and type(node.value) in (int, float, complex)) \
+            or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd)
+                and numeric(node.operand))
+
+    def arithmetic(test):
+        """In an asserted expression, each operand of arithmetic with a number literal
+        (``abs(f(x) - 0.33) < 1e-6``) had as a number of the literal's kind first
+        (``NUMBER``): the tested code's own ``__sub__`` never says how near it is."""
+        for node in ast.walk(test):
+            if isinstance(node, ast.BinOp):
+                if numeric(node.right) and not literal(node.left):
+                    node.left = helper(NUMBER, node.left, node.left, copy(node.right))
+                elif numeric(node.left) and not literal(node.right):
+                    node.right = helper(NUMBER, node.right, node.right, copy(node.left))
+
     def assertion(node):
         """The statements an ``assert`` becomes."""
+        arithmetic(node.test)
         test = node.test
         if not isinstance(test, ast.Compare) or len(test.ops) != 1:
             return [node]
