@@ -19,8 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from redteam_parts import write_task
 
-from tempering.tasks import Task, load_task
+from tempering.tasks import Task
 
 TASKS = {
     'easter': {
@@ -280,17 +281,7 @@ def easters(years):
 
 
 def _task(root: Path, name: str, runner: str) -> Task:
-    spec = TASKS[name]
-    for part in ("workspace", "tests", "solution"):
-        (root / part).mkdir(parents=True)
-    (root / "task.toml").write_text(
-        f'[task]\nid = "{name}"\ndescription = "the red team\'s {name}"\n\n'
-        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n')
-    (root / "instruction.md").write_text(f"Implement {spec['module']}.\n")
-    (root / "workspace" / f"{spec['module']}.py").write_text(spec["stub"])
-    (root / "solution" / f"{spec['module']}.py").write_text(spec["solution"])
-    (root / "tests" / spec["test_name"]).write_text(spec["tests"])
-    return load_task(root)
+    return write_task(root, name, TASKS[name], runner)
 
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
