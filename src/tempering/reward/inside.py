@@ -52,6 +52,7 @@ class _Fresh:
 _PLAIN = (int, float, str, bytes, bool, complex, type(None))
 _among, shuffled = guard_module.among, guard_module.shuffled
 _NO = _Fresh()  # no expected literal
+_HONEST = _Fresh()  # ``commit``'s word for a value of the builtin kinds: nothing to probe
 
 
 def _neighbour(expected):
@@ -200,14 +201,15 @@ def _copy(value):
     return value
 
 
-def probe_equal(value, other):
+def probe_equal(value, other, given=None):
     """What the instrumented test compares ``value`` with, in its own frame, before it
     asserts ``value == other``: nothing for a value of the builtin kinds; else fresh objects,
     values of ``other``'s kind and shape that differ from it, and a copy of ``other``, in an
     order the value cannot predict. Asked from the test's own frame, each question comes
     from where the assertion will: the value cannot tell them apart by the stack (a depth it
-    can measure without a frame), and must answer ``other`` as it will at the assertion."""
-    if _honest(value):
+    can measure without a frame), and must answer ``other`` as it will at the assertion.
+    ``given``: what ``commit`` made of it (``_HONEST``: of the builtin kinds, walked once)."""
+    if given is _HONEST or _honest(value):
         return []
     asks = [_Fresh() for _ in range(1 + os.urandom(1)[0] % 4)]
     if _honest(other):
@@ -244,10 +246,11 @@ def _plausible(asked, other):
 def commit(value, other):
     """Before anything is compared with ``value``: what it holds as a value of ``other``'s
     builtin kind (``_commit``), while it has heard nothing of the expected value (the
-    assertion itself hands that to its ``__eq__``); None where nothing is to be had (a value
-    of the builtin kinds, or compared with an object that is not)."""
+    assertion itself hands that to its ``__eq__``); ``_HONEST`` for a value of the builtin
+    kinds (so the probe and ``held`` need not walk it again); None where nothing is to be had
+    (compared with an object that is not of the builtin kinds)."""
     if _honest(value):
-        return None
+        return _HONEST
     if _honest(other):
         return _commit(value, other)
     expected = _approximated(other)
@@ -290,7 +293,7 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
     matcher such as ``pytest.approx``)."""
     for value, other, said, given in ((left, right, left_said, left_given),
                                       (right, left, right_said, right_given)):
-        if said is None or _honest(value):
+        if said is None or given is _HONEST or _honest(value):
             continue
         if not _honest(other):
             if _approximated(other) is _NO:

@@ -144,7 +144,7 @@ def instrument(tree, calls=True, text=None):
             probed = not (literal(operand) or matcher(operand))
             out.append(assign(given, helper(COMMIT, node, name(mine, node), name(theirs, node))
                               if probed else at(ast.Constant(None), node), node))
-        for mine, theirs, said, _, operand in sides:
+        for mine, theirs, said, given, operand in sides:
             probed = not (literal(operand) or matcher(operand))
             out.append(assign(said, at(ast.Constant(0 if probed else None), node), node))
             if not probed:
@@ -158,7 +158,7 @@ def instrument(tree, calls=True, text=None):
                 orelse=[]), node)
             out.append(at(ast.For(target=name(asked, node, True),
                                   iter=helper(PROBE_EQUAL, node, name(mine, node),
-                                              name(theirs, node)),
+                                              name(theirs, node), name(given, node)),
                                   body=[found], orelse=[]), node))
         node.test = at(ast.Compare(left=name(a, node), ops=[ast.Eq()],
                                    comparators=[name(b, node)]), node.test)
