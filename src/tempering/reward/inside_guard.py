@@ -687,13 +687,6 @@ class Guard:
         frame's attributes, launders nothing)."""
         return not (_startswith(name, self.tests) or _startswith(name, self.protected[1]))
 
-    def through_introspection(self, name, function=None):
-        """Frames looked through for frame and gc events: the standard library, except the
-        modules that introspect for their own honest reasons (unless the function is one that
-        hands frames to its caller)."""
-        return self.library(name) and (function in HANDS_OUT_FRAMES or not any(
-            _startswith(name, self.stdlib + b) for b in BENIGN_INTROSPECTION))
-
     def frame_caller(self, event, attr=None, depth=3):
         """The tested code's file if it is behind a frame event (``sys._getframe``, or reading
         the frame attribute ``attr``), else None.
