@@ -15,9 +15,19 @@ from tempering.tasks import Task, load_task
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
+def isolated(task: Task, isolation: str) -> Task:
+    """``task`` with ``grading.isolation`` set to ``isolation``."""
+    grading = task.config.grading.model_copy(update={"isolation": isolation})
+    return Task(task.config.model_copy(update={"grading": grading}), task.instruction,
+                task.workspace, task.tests, task.solution)
+
+
 @pytest.fixture(scope="session")
 def median() -> Task:
-    return load_task(EXAMPLES / "median")
+    """The median example with the tested code in the tests' process (``shared``): the
+    adversarial suite is the guard's and the probe's, which tasks whose tests reach into the
+    tested code rely on. ``test_boundary.py`` runs the same attacks with process isolation."""
+    return isolated(load_task(EXAMPLES / "median"), "shared")
 
 
 async def _attempt(task: Task, files: Mapping[str, str | bytes] | None = None,

@@ -21,14 +21,16 @@ CANARY_BY_NAME = '''def _canary(filename):
 '''
 
 
-def write_task(root: Path, name: str, spec: dict[str, str], runner: str) -> Task:
+def write_task(root: Path, name: str, spec: dict[str, str], runner: str,
+               isolation: str = "shared") -> Task:
     """A task directory at ``root`` from ``spec`` (its module's name, the test file's name
-    and text, the solution and the stub), graded by ``runner``; loaded."""
+    and text, the solution and the stub), graded by ``runner`` with ``isolation``; loaded."""
     for part in ("workspace", "tests", "solution"):
         (root / part).mkdir(parents=True)
     (root / "task.toml").write_text(
         f'[task]\nid = "{name}"\ndescription = "the red team\'s {name}"\n\n'
-        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n')
+        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n'
+        f'isolation = "{isolation}"\n')
     (root / "instruction.md").write_text(f"Implement {spec['module']}.\n")
     (root / "workspace" / f"{spec['module']}.py").write_text(spec["stub"])
     (root / "solution" / f"{spec['module']}.py").write_text(spec["solution"])

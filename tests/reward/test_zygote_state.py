@@ -62,8 +62,12 @@ def _task() -> Task:
     return load_humaneval()[0]  # has_close_elements; graded by the zygote
 
 
-async def _grade(grader: Grader, source: str) -> RewardResult:
+async def _grade(grader: Grader, source: str, isolation: str = "auto") -> RewardResult:
     task = _task()
+    if isolation != "auto":
+        grading = task.config.grading.model_copy(update={"isolation": isolation})
+        task = Task(task.config.model_copy(update={"grading": grading}), task.instruction,
+                    task.workspace, task.tests, task.solution)
     return await grader.grade_files(task, task.workspace.overlay({"solution.py": source.encode()}))
 
 
@@ -123,17 +127,18 @@ def _rss(field: str) -> int:
     return int(line.split()[1]) << 10
 
 
-async def _flood_growth(grader: Grader) -> tuple[int, RewardResult]:
+async def _flood_growth(grader: Grader, isolation: str = "shared") -> tuple[int, RewardResult]:
     """How far this process's peak RSS rose over its RSS while one flooding grading ran."""
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
     before = _rss("VmRSS")
-    result = await _grade(grader, FLOOD)
+    result = await _grade(grader, FLOOD, isolation)
     return _rss("VmHWM") - before, result
 
 
 async def test_a_flood_on_the_zygote_report_channel_is_cut_at_the_limit() -> None:
+    """With the tested code in the tests' process, which holds the report channel."""
     async with Grader() as grader:
-        await _grade(grader, FLOOD)  # the zygote and this process's buffers are warm
+        await _grade(grader, FLOOD, "shared")  # the zygote and this process's buffers are warm
         grown, result = await _flood_growth(grader)
         assert _forked(grader)
     limit = 8 << 20  # GRADING_OUTPUT_LIMIT
@@ -142,9 +147,20 @@ async def test_a_flood_on_the_zygote_report_channel_is_cut_at_the_limit() -> Non
     assert "went over" in result.log, result.log
 
 
+async def test_a_flood_from_the_tested_codes_own_process_reaches_nothing() -> None:
+    """With process isolation the tested code holds no report channel: what it writes to its
+    descriptors goes nowhere, and the host does not grow."""
+    async with Grader() as grader:
+        await _grade(grader, FLOOD, "process")
+        grown, result = await _flood_growth(grader, "process")
+        assert _forked(grader)
+    assert grown < 8 << 20, f"host RSS grew {grown >> 20} MiB"
+    assert result.reward == 0.0 and result.tests_passed == 0
+
+
 async def test_a_flood_on_the_launcher_report_keeps_the_host_bounded() -> None:
     async with Grader(zygote=False) as grader:
-        await _grade(grader, FLOOD)
+        await _grade(grader, FLOOD, "shared")
         grown, result = await _flood_growth(grader)
         assert not grader._zygotes  # noqa: SLF001 - a launcher sandbox graded it
     assert grown < 6 * (8 << 20), f"host RSS grew {grown >> 20} MiB"

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
+from tempering.reward.isolation import isolation
 from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
@@ -199,7 +200,8 @@ class Grader:
             await tree.write_into(sb)
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
             run = await launcher.run(pytest_args(grading.command), task.tests,
-                                     grading.tests_dir, grading.timeout_s, canary_imports(task))
+                                     grading.tests_dir, grading.timeout_s, canary_imports(task),
+                                     isolation=isolation(task, hides_tests=False)[0])
             scores: dict[str, float] = {}
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
@@ -215,17 +217,19 @@ class Grader:
         """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
         the same checks, without a new interpreter per grading."""
         grading = task.config.grading
+        separate = isolation(task)[0] == "process"
+        solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
         try:
             zygote = await self._zygote(spec)
-            forked = await zygote.fork()
+            forked = await zygote.fork(solver)
         except SandboxStartError:  # it died (killed, OOM): start another, once
             zygote = await self._zygote(spec, replace=True)
-            forked = await zygote.fork()
+            forked = await zygote.fork(solver)
         try:
             placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
                            canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
-                           sources=sources)
+                           sources=sources, isolation="process" if separate else "shared")
             if zygote.magic == MAGIC_NUMBER:  # it reads this interpreter's bytecode
                 plan.precompile(compiled_tests(task, spec.workdir, sources))
             files = [(p, tree[p], tree.mode(p)) for p in tree]
@@ -283,7 +287,8 @@ class Grader:
                 await tree.write_into(launcher.sb)
                 run = await launcher.run(pytest_args(grading.command), task.tests,
                                          grading.tests_dir, grading.timeout_s,
-                                         collect_only=True)
+                                         collect_only=True,
+                                         isolation=isolation(task, hides_tests=False)[0])
             finally:
                 await launcher.sb.close()
             if not run.collected:

@@ -31,6 +31,7 @@ from dataclasses import is_dataclass as _is_dataclass
 from decimal import Decimal
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import inside_boundary as boundary_module  # noqa: E402 - from the launcher's own directory
 import inside_compile as compiling  # noqa: E402 - from the launcher's own read-only directory
 import inside_guard as guard_module  # noqa: E402
 
@@ -41,6 +42,7 @@ PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
 COMMIT, NUMBER = compiling.COMMIT, compiling.NUMBER
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
+SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
 
 
 class _Fresh:
@@ -563,7 +565,15 @@ def prepare(config, fd, pytest_hooks=False):
                    if getattr(f, "__name__", "") == "PathFinder"), len(sys.meta_path))
     sys.meta_path.insert(finder, HiddenFinder(tests.rstrip("/")))
     os.chdir(workspace)
-    sys.path.extend([tests, workspace])
+    if config.get("isolation") == "process":
+        if not SOLVER:
+            raise RuntimeError("process isolation, and no solver was forked")
+        boundary_module.install(SOLVER[0], workspace)  # the workspace's modules are its
+        sys.path.append(tests)
+    else:
+        for sock in SOLVER:  # not needed: it ends when its socket does
+            sock.close()
+        sys.path.extend([tests, workspace])
     return workspace, tests
 
 
@@ -757,7 +767,7 @@ def run_plain(config, fd):
         for name, value in list(vars(module).items()):
             if name.startswith("test") and callable(value) and not isinstance(value, type):
                 code = getattr(value, "__code__", None)  # defined in this file, not swapped in
-                if code is not None and code.co_filename == path:
+                if type(code) is type(load_hidden.__code__) and code.co_filename == path:
                     items.append((f"{rel}::{name}", value))
             elif name.startswith("Test") and isinstance(value, type):
                 for method in sorted(vars(value)):
@@ -819,6 +829,18 @@ def _line(fd):
     return b"".join(parts).strip()
 
 
+def _first_line(fd):
+    """The first line of ``fd``, read a byte at a time: nothing after it is read (the
+    configuration that follows must not be in the memory of a process forked now)."""
+    line = bytearray()
+    while len(line) < 4096:
+        byte = os.read(fd, 1)
+        if not byte or byte == b"\n":
+            break
+        line += byte
+    return bytes(line)
+
+
 def main():
     runner = sys.argv[1]
     if runner == "pytest":
@@ -852,7 +874,11 @@ def freeze():
 
 
 def configured(runner):
-    """Read the configuration, run, and exit."""
+    """Read the isolation (``process WORKDIR``: fork the tested code's process now, before
+    anything secret is read, or ``shared``), then the configuration; run, and exit."""
+    mode = _first_line(0)
+    if mode.startswith(b"process "):
+        SOLVER.append(boundary_module.fork_solver(mode[8:].decode())[0])
     config = marshal.loads(bytes.fromhex(_line(0).decode()))  # from the host: trusted
     {"pytest": run_tests, "plain": run_plain, "verifier": run_verifier}[runner](
         config, os.dup(1))

@@ -10,11 +10,14 @@ forks a child that
    bound at the workdir, /tmp and /dev/shm (nothing of an earlier grading is there, and nothing
    else is writable: the rest of the system and /dev are read-only);
 2. forks the grading process, PID 1 of the new pid namespace, which mounts its own /proc,
-   becomes the unprivileged user in a nested user namespace with no capability, sets
-   no_new_privs and installs the init's seccomp filter (read from ``init --seccomp-filter``),
+   and, before it reads a byte of the configuration, becomes the unprivileged user in a
+   nested user namespace with no capability, sets no_new_privs and installs the init's
+   seccomp filter (read from ``init --seccomp-filter``),
 3. tells the host its pid (SCM_CREDENTIALS: the kernel translates it), waits while the host
    puts it in a cgroup of its own and writes the files, then runs the plain runner on the
-   configuration the host sends, reporting on the same socket.
+   configuration the host sends, reporting on the same socket. With process isolation it
+   first forks the **solver**, the tested code's process (``inside_boundary.py``), into the
+   same cgroup, in a mount namespace of its own where the tests directory is empty.
 
 Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
 a grading (fork). A grading has no ptys: the zygote's /dev has no devpts (bubblewrap makes none
@@ -33,6 +36,7 @@ import functools  # noqa: F401
 import gc
 import importlib.util
 import itertools  # noqa: F401
+import json  # noqa: F401 - the boundary's wire
 import marshal
 import math  # noqa: F401
 import os
@@ -176,11 +180,19 @@ def grading(channel, request, seccomp):
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        become_user(request["uid"], request["gid"], seccomp)
-        os.chdir(request["workdir"])
         creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
         channel.sendmsg([b"ready"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
-        config = marshal.loads(_receive(channel))
+        # The host moves this process into its cgroup, writes the files and seals, then sends
+        # the configuration's length: what is forked from here on is in the cgroup too.
+        size = struct.unpack("=I", channel.recv(4))[0]
+        uid, gid = request["uid"], request["gid"]
+        hidden = request.get("solver")
+        if hidden is not None:  # the tested code's own process (``inside_boundary.py``)
+            inside.SOLVER.append(inside.boundary_module.fork_solver(
+                request["workdir"], before=lambda: solver_user(hidden, uid, gid, seccomp))[0])
+        become_user(uid, gid, seccomp)
+        os.chdir(request["workdir"])
+        config = marshal.loads(_receive(channel, size))
         for name in ("ctypes", "LIBC", "SockFprog"):  # the tested code must import ctypes anew
             globals().pop(name, None)
         inside.run_plain(config, channel.fileno())
@@ -190,10 +202,21 @@ def grading(channel, request, seccomp):
     os._exit(0)
 
 
-def _receive(channel):
-    """One configuration message: a 4-byte length, then that many bytes (it holds the hidden
-    tests, which may not fit one datagram)."""
-    size = struct.unpack("=I", channel.recv(4))[0]
+def solver_user(hidden, uid, gid, seccomp):
+    """The solver's namespaces: a mount namespace of its own in which the hidden tests'
+    directory ``hidden`` is an empty read-only directory (it never sees their data files, or
+    the placeholders), then the same user, capabilities and seccomp as the grading's."""
+    check(LIBC.unshare(CLONE_NEWNS), "unshare the solver's mount namespace")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    os.makedirs(hidden, exist_ok=True)
+    mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+          "size=4096,nr_inodes=1,mode=0555")
+    become_user(uid, gid, seccomp)
+
+
+def _receive(channel, size):
+    """The configuration message of ``size`` bytes, after its 4-byte length (it holds the
+    hidden tests, which may not fit one datagram)."""
     parts, got = [], 0
     while got < size:
         part = channel.recv(min(size - got, 1 << 20))

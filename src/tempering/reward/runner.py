@@ -42,7 +42,7 @@ __all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_
            "pytest_args"]
 
 LAUNCHER_DIR = "/tmp/.tempering"
-LAUNCHER_FILES = ("inside.py", "inside_compile.py", "inside_guard.py")
+LAUNCHER_FILES = ("inside.py", "inside_boundary.py", "inside_compile.py", "inside_guard.py")
 PREFIX = "@@tempering "
 INI = """[pytest]
 addopts =
@@ -93,19 +93,23 @@ class Launcher:
         return cls(sb, command, runner)
 
     async def run(self, args: list[str], tests: FileTree, tests_dir: str, timeout: float,
-                  canary_imports: str = "", *, collect_only: bool = False) -> TestRun:
+                  canary_imports: str = "", *, collect_only: bool = False,
+                  isolation: str = "shared") -> TestRun:
         """Write the hidden ``tests`` (``hidden_files``: placeholders on the disk, the Python
         files' text for the launcher) and the canaries last, seal them, configure the
-        launcher, and collect its checked report."""
+        launcher, and collect its checked report. ``isolation="process"``: the tested code
+        runs in a process of its own (``inside_boundary.py``), forked before the
+        configuration is read."""
         workdir = self.sb.spec.workdir
         placeholders, sources = hidden_files(tests, tests_dir, workdir)
         for path, data, mode in placeholders:  # after the workspace: they win any clash
             await self.sb.write_file(path, data, mode)
-        plan = RunPlan(args, tests_dir, workdir, canary_imports,
-                       collect_only=collect_only, runner=self.runner, sources=sources)
+        plan = RunPlan(args, tests_dir, workdir, canary_imports, collect_only=collect_only,
+                       runner=self.runner, sources=sources, isolation=isolation)
         await self.sb.write_file(plan.canary_path, b"")
         await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
-        await self.command.write(encode_config(plan.config))
+        first = f"process {workdir}" if isolation == "process" else "shared"
+        await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
         run = plan.read(result.stdout)
@@ -150,7 +154,7 @@ class RunPlan:
     def __init__(self, args: list[str], tests_dir: str, workdir: str, canary_imports: str, *,
                  collect_only: bool = False, runner: str = "pytest",
                  launcher_dir: str = LAUNCHER_DIR,
-                 sources: Mapping[str, bytes] | None = None) -> None:
+                 sources: Mapping[str, bytes] | None = None, isolation: str = "shared") -> None:
         self.key = secrets.token_bytes(32)
         workdir = workdir.rstrip("/")
         sources = dict(sources or {})
@@ -169,7 +173,7 @@ class RunPlan:
             "launcher_dir": launcher_dir, "ini": f"{launcher_dir}/pytest.ini",
             "args": [*args, "--collect-only"] if collect_only and runner == "pytest" else args,
             "canaries": [] if covered and paths else [self.canary_path],
-            "collect_only": collect_only, "sources": sources}
+            "collect_only": collect_only, "sources": sources, "isolation": isolation}
 
     def precompile(self, compiled: Mapping[str, bytes]) -> None:
         """Give the launcher the hidden files as code compiled here (``compiled``: the task's,

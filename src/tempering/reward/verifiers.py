@@ -50,7 +50,8 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str,
         config = {"key": key.hex(), "workspace": sb.spec.workdir,
                   "file": f"{VERIFIERS_DIR}/{file}", "function": function}
         result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
-                               stdin=encode_config(config), timeout=verifier.timeout_s,
+                               stdin=b"shared\n" + encode_config(config),
+                               timeout=verifier.timeout_s,
                                env=env)
         records = [r for r in parse_report_records(result.stdout, key)
                    if r.get("event") == "scores"]

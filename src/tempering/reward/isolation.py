@@ -1,0 +1,91 @@
+"""Which isolation a task's grading gets (``grading.isolation``), read from its hidden tests.
+
+``process`` runs the tested code in a process of its own (``inside_boundary.py``): it answers
+calls with data and reaches nothing of the tests. That holds for tests that call the tested
+code and look at what it returns, raises or prints, which is most of them; it cannot hold for
+tests that reach into the tested code's process (patch its modules, read its log records or
+warnings, compare identities of what it returned, pass it objects of their own, drive its
+coroutines). ``auto`` picks ``process`` unless the hidden tests do one of those things, read
+from their syntax on the host (the agent writes none of it, so nothing it does moves the
+choice).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tempering.reward.kept import Kept
+from tempering.tasks.task import Task
+
+__all__ = ["isolation", "reaches_in"]
+
+# Names (variables, attributes, parameters, imports) of what reaches into the tested code's
+# process: fixtures and helpers that patch it or read its logs and warnings, introspection.
+REACHING = frozenset({
+    "monkeypatch", "mocker", "caplog", "recwarn", "mock", "patch", "MagicMock", "Mock",
+    "setattr", "delattr", "vars", "globals", "locals", "id", "inspect", "importlib", "reload",
+    "gc", "pickle", "weakref", "warns", "catch_warnings", "deprecated_call", "asyncio",
+    "threading", "multiprocessing", "modules", "getsource",
+    "__dict__", "__code__", "__globals__", "__class__", "__module__", "__file__", "__path__"})
+_IDENTITY_OK = (type(None), bool, type(...))
+
+_chosen: Kept[str, tuple[str, str]] = Kept(4096)  # by task digest: (isolation, why)
+
+
+def isolation(task: Task, *, hides_tests: bool = True) -> tuple[str, str]:
+    """(``process`` or ``shared``, why), for ``task``'s grading. ``hides_tests``: whether the
+    grading path can give the tested code's process a view without the tests directory (the
+    zygote's can; a sandbox of its own cannot, and there the hidden tests' data files would
+    be readable by it, as they are to a subprocess: ``auto`` keeps such tasks in one process,
+    where the guard sees the tested code read them)."""
+    wanted = task.config.grading.isolation
+    if wanted != "auto":
+        return wanted, f"grading.isolation = {wanted!r}"
+    if not hides_tests and any(not path.endswith(".py") for path in task.tests):
+        return "shared", "the hidden tests have data files, which a sandbox of its own shows"
+    return _chosen.get(task.digest, lambda: _auto(task))
+
+
+def _auto(task: Task) -> tuple[str, str]:
+    for path in task.tests:
+        if not path.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(task.tests[path])
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return "shared", f"{path} does not parse"
+        why = reaches_in(tree)
+        if why:
+            return "shared", f"{path}: {why}"
+    return "process", "the hidden tests only call the tested code and look at what it gives"
+
+
+def reaches_in(tree: ast.AST) -> str:
+    """What in ``tree`` reaches into the tested code's process ('' if nothing)."""
+    for node in ast.walk(tree):
+        name = _name(node)
+        if name in REACHING:
+            return f"line {getattr(node, 'lineno', '?')} uses {name}"
+        if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith):
+            return f"line {node.lineno} is asynchronous"
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("Test"):
+            return f"line {node.lineno} defines a class of its own ({node.name})"
+        if isinstance(node, ast.Compare) and any(
+                isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            if not any(isinstance(s, ast.Constant) and isinstance(s.value, _IDENTITY_OK)
+                       for s in sides):
+                return f"line {node.lineno} compares identities"
+    return ""
+
+
+def _name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):  # a test's own __file__ or __name__ is its own
+        return "" if node.id.startswith("__") else node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.arg):
+        return node.arg
+    if isinstance(node, ast.alias):
+        return node.name.partition(".")[0] if node.asname is None else node.name
+    return ""
