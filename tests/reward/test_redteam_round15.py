@@ -147,7 +147,8 @@ def _task(root: Path, tests: str, runner: str) -> Task:
     (root / "solution").mkdir()
     (root / "task.toml").write_text(
         '[task]\nid = "wordcount"\ndescription = "count_words, unique_words, records"\n\n'
-        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n')
+        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n'
+        'isolation = "shared"\n')  # the probe's suite; test_boundary.py runs it across
     (root / "instruction.md").write_text("Implement count_words, unique_words and records.\n")
     (root / "workspace" / "words.py").write_text(STUB)
     (root / "solution" / "words.py").write_text(SOLUTION)

@@ -108,12 +108,60 @@ def pack(value, refer, depth=0):
         return ["c", value.real, value.imag]
     if kind is range:
         return ["R", pack(value.start, refer), pack(value.stop, refer), pack(value.step, refer)]
+    if kind is slice:
+        return ["S", pack(value.start, refer, deeper), pack(value.stop, refer, deeper),
+                pack(value.step, refer, deeper)]
+    if value is Ellipsis:
+        return ["E"]
     if kind is type and getattr(builtins, value.__name__, None) is value:
         return ["T", value.__name__]  # int, str, ValueError...: the same class on both sides
+    tag = _VALUES.get((kind.__module__, kind.__qualname__))
+    if tag is not None:
+        return [tag, *_value_parts(tag, value)]
     plain = _base(value)
     if plain is not None:
         return pack(plain, refer, depth)
     return refer(value)
+
+
+# The standard library's value types that tests pass and compare: data too.
+_VALUES = {("fractions", "Fraction"): "F", ("decimal", "Decimal"): "D",
+           ("datetime", "date"): "date", ("datetime", "datetime"): "datetime",
+           ("datetime", "time"): "time", ("datetime", "timedelta"): "timedelta"}
+
+
+def _value_parts(tag, value):
+    if tag == "F":
+        return [hex(value.numerator), hex(value.denominator)]
+    if tag == "D":
+        return [str(value)]
+    if tag == "timedelta":
+        return [value.days, value.seconds, value.microseconds]
+    return [value.isoformat()]
+
+
+def _value(tag, rest):
+    """A value of ``_VALUES``'s kinds from its parts (``BoundaryError`` if they are wrong)."""
+    try:
+        if tag == "F" and len(rest) == 2 and all(type(v) is str for v in rest):
+            from fractions import Fraction
+
+            return Fraction(int(rest[0], 16), int(rest[1], 16))
+        if tag == "D" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 10000:
+            from decimal import Decimal
+
+            return Decimal(rest[0])
+        if tag == "timedelta" and len(rest) == 3 and all(type(v) is int for v in rest):
+            from datetime import timedelta
+
+            return timedelta(days=rest[0], seconds=rest[1], microseconds=rest[2])
+        if len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 100:
+            import datetime
+
+            return getattr(datetime, tag).fromisoformat(rest[0])
+    except (ValueError, ZeroDivisionError, OverflowError, ArithmeticError) as exc:
+        raise BoundaryError(f"not a {tag}: {exc}") from None
+    raise BoundaryError(f"not a {tag}: {str(rest)[:80]}")
 
 
 def _base(value):
@@ -157,6 +205,10 @@ def unpack(data, resolve, depth=0):
         return int(rest[0], 16)
     if tag == "c" and len(rest) == 2 and all(type(v) in (int, float) for v in rest):
         return complex(rest[0], rest[1])
+    if tag == "S" and len(rest) == 3:
+        return slice(*[unpack(v, resolve, deeper) for v in rest])
+    if tag == "E" and not rest:
+        return Ellipsis
     if tag == "R" and len(rest) == 3:
         return range(*[_int(unpack(v, resolve, deeper)) for v in rest])
     if tag == "p" and len(rest) == 1 and type(rest[0]) is str:
@@ -167,6 +219,8 @@ def unpack(data, resolve, depth=0):
         kind = getattr(builtins, rest[0], None)
         if isinstance(kind, type):
             return kind
+    if tag in ("F", "D", "date", "datetime", "time", "timedelta"):
+        return _value(tag, rest)
     if tag in ("r", "e"):
         return resolve(data)
     raise BoundaryError(f"not a value: {str(data)[:80]}")
@@ -289,7 +343,13 @@ class Solver:
             where = "".join(traceback.format_exception(exc)[-12:])[-3000:]
         except BaseException:  # noqa: BLE001
             where = ""
-        return ["raise", which, args, _text(exc), where]
+        attributes = {}
+        for name, value in getattr(exc, "__dict__", {}).items():
+            try:
+                attributes[name] = pack(value, self.refer)
+            except BaseException:  # noqa: BLE001 - not data: left out
+                continue
+        return ["raise", which, args, _text(exc), where, attributes]
 
     def perform(self, message):
         op = message[0]
@@ -308,7 +368,7 @@ class Solver:
         if op == "call":
             args, kwargs = value(2), value(3)
             result = target(*args, **kwargs)
-            return [result, args]  # the arguments as the call left them
+            return [result, args, kwargs]  # the arguments as the call left them
         if op == "as":
             return CONVERT[message[2]](target)
         if op == "dir":
@@ -332,6 +392,10 @@ class Solver:
         if op == "delitem":
             del target[value(2)]
             return None
+        if op == "round":
+            return round(target, *value(2))
+        if op == "format":
+            return format(target, message[2])
         if op == "enter":
             return target.__enter__()
         if op == "exit":
@@ -465,7 +529,7 @@ class Boundary:
 
     def _printed(self, reply):
         tail = reply[-2:] if reply[0] == "ok" and len(reply) == 4 or \
-            reply[0] == "raise" and len(reply) == 7 else []
+            reply[0] == "raise" and len(reply) == 8 else []
         for text, stream in zip(tail, (sys.stdout, sys.stderr), strict=False):
             if type(text) is str and text and stream is not None:
                 stream.write(text)
@@ -480,16 +544,20 @@ class Boundary:
             answer = ["ok", pack(function(*args, **kwargs), self.refer)]
         except Exception as exc:  # the test's own function raised: tell the tested code
             answer = ["raise", ["n", type(exc).__name__ if type(exc).__module__ == "builtins"
-                                else "Exception"], None, _text(exc), ""]
+                                else "Exception"], None, _text(exc), "", {}]
         send(self.sock, answer)
 
     # what the proxies ask
 
     def call(self, target, args, kwargs):
         packed_args = pack(list(args), self.refer)
-        result, after = self.request("call", target, packed_args, pack(kwargs, self.refer))
+        result, after, after_kw = self.request("call", target, packed_args,
+                                               pack(kwargs, self.refer))
         for given, now in zip(args, after, strict=False):  # what the call did to them
             _update(given, now)
+        for name, given in kwargs.items():
+            if type(after_kw) is dict:
+                _update(given, after_kw.get(name))
         return result
 
     def convert(self, remote, kind):
@@ -528,6 +596,7 @@ def _update(given, now):
 def _raised(reply, resolve):
     """The exception a ``raise`` reply tells of, to raise here."""
     _, which, args, message, where = reply[:5]
+    attributes = reply[5] if len(reply) > 5 and type(reply[5]) is dict else {}
     kind = None
     if type(which) is list and len(which) == 2 and which[0] == "n" and type(which[1]) is str:
         kind = getattr(builtins, which[1], None)
@@ -547,6 +616,12 @@ def _raised(reply, resolve):
         exc = kind(message) if kind is not BoundaryError else BoundaryError(message)
     if getattr(kind, "__tempering_remote__", None) is not None:
         exc._message = message if type(message) is str else ""
+    for name, value in attributes.items():  # what it set on itself (``self.line = 3``)
+        if type(name) is str and not name.startswith("__"):
+            try:
+                setattr(exc, name, unpack(value, resolve))
+            except (BoundaryError, AttributeError, TypeError):
+                continue
     if type(where) is str and where:
         exc.add_note("in the tested code's process:\n" + where.rstrip())
     return exc
@@ -703,6 +778,25 @@ class Remote:
 
     def __exit__(self, *exc):
         return self._ask("exit")
+
+    def __round__(self, *ndigits):
+        return self._ask("round", pack(list(ndigits), lambda v: None))
+
+    def __format__(self, spec):
+        return self._ask("format", spec)
+
+    def __trunc__(self):
+        return int(self)
+
+    def __floor__(self):
+        import math
+
+        return math.floor(self._had("float"))
+
+    def __ceil__(self):
+        import math
+
+        return math.ceil(self._had("float"))
 
     def __neg__(self):
         return self._ask("neg")

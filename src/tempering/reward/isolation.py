@@ -26,6 +26,9 @@ REACHING = frozenset({
     "setattr", "delattr", "vars", "globals", "locals", "id", "inspect", "importlib", "reload",
     "gc", "pickle", "weakref", "warns", "catch_warnings", "deprecated_call", "asyncio",
     "threading", "multiprocessing", "modules", "getsource",
+    # objects of the test's own whose behaviour a copy would lose: files, buffers, collections
+    "open", "StringIO", "BytesIO", "defaultdict", "deque", "OrderedDict", "Counter",
+    "namedtuple", "dataclass", "Enum",
     "__dict__", "__code__", "__globals__", "__class__", "__module__", "__file__", "__path__"})
 _IDENTITY_OK = (type(None), bool, type(...))
 
@@ -68,6 +71,9 @@ def reaches_in(tree: ast.AST) -> str:
             return f"line {getattr(node, 'lineno', '?')} uses {name}"
         if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith):
             return f"line {node.lineno} is asynchronous"
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete) and any(
+                _inside_an_attribute(t) for t in _targets(node)):
+            return f"line {node.lineno} writes into what an attribute holds"
         if isinstance(node, ast.ClassDef) and not node.name.startswith("Test"):
             return f"line {node.lineno} defines a class of its own ({node.name})"
         if isinstance(node, ast.Compare) and any(
@@ -77,6 +83,24 @@ def reaches_in(tree: ast.AST) -> str:
                        for s in sides):
                 return f"line {node.lineno} compares identities"
     return ""
+
+
+def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete) -> list[ast.expr]:
+    if isinstance(node, ast.Assign | ast.Delete):
+        return list(node.targets)
+    return [node.target]
+
+
+def _inside_an_attribute(target: ast.expr) -> bool:
+    """Whether ``target`` writes into a value reached through an attribute (``b.grid[0][0]``,
+    ``obj.a.b``): across the boundary that value is a copy. ``obj.attr = v`` itself is not:
+    it goes to the tested code's object."""
+    node = target.value if isinstance(target, ast.Subscript | ast.Attribute) else None
+    while isinstance(node, ast.Subscript | ast.Attribute):
+        if isinstance(node, ast.Attribute):
+            return True
+        node = node.value
+    return False
 
 
 def _name(node: ast.AST) -> str:

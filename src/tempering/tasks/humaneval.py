@@ -9,6 +9,7 @@ solution is the task's reference solution; the untouched prompt scores 0.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tempering.sandbox import SandboxSpec
@@ -16,8 +17,10 @@ from tempering.tasks.files import FileTree
 from tempering.tasks.task import GradingConfig, Task, TaskConfig, TaskInfo
 
 TEST_TEMPLATE = """\
-from solution import *  # noqa: F401,F403 - the prompt's helpers, as in the original harness
+from solution import *  # noqa: F401,F403 - what the prompt imports, as in the original harness
 from solution import {entry_point}
+
+{helpers}
 
 {test}
 
@@ -38,6 +41,19 @@ def load_humaneval(path: str | Path | None = None, *, timeout_s: float = 20.0) -
     return [humaneval_task(problem, timeout_s=timeout_s) for problem in problems.values()]
 
 
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+    """The prompt's own imports and definitions other than the entry point (``poly`` beside
+    ``find_zero``, ``encode_cyclic`` beside ``decode_cyclic``), as the hidden test's: the test
+    calls them, and the agent's ``solution.py``, which ``from solution import *`` would
+    otherwise bind them from, could redefine them (a ``poly`` that is always 0, an
+    ``encode_cyclic`` that returns its input, a ``math`` of its own)."""
+    tree = ast.parse(prompt)
+    kept = [ast.get_source_segment(prompt, node) or "" for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom) or (
+                isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry_point)]
+    return "\n\n\n".join(kept)
+
+
 def humaneval_task(problem: dict[str, str], *, timeout_s: float = 20.0) -> Task:
     """One HumanEval problem (a dataset row) as a task."""
     config = TaskConfig(
@@ -49,7 +65,8 @@ def humaneval_task(problem: dict[str, str], *, timeout_s: float = 20.0) -> Task:
     )
     instruction = ("Complete the function `{}` in `solution.py` so that it does what its "
                    "docstring says. Keep its name and signature.".format(problem["entry_point"]))
-    test = TEST_TEMPLATE.format(entry_point=problem["entry_point"], test=problem["test"].strip())
+    test = TEST_TEMPLATE.format(entry_point=problem["entry_point"], test=problem["test"].strip(),
+                                helpers=prompt_helpers(problem["prompt"], problem["entry_point"]))
     return Task(
         config=config, instruction=instruction,
         workspace=FileTree.of({"solution.py": problem["prompt"]}),
