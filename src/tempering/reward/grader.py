@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
-from tempering.reward.isolation import isolation
+from tempering.reward.isolation import by_syntax, exchanges_data
 from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
@@ -69,6 +69,8 @@ class Grader:
         self._tasks: set[asyncio.Task[None]] = set()
         self._expected: dict[str, int] = {}
         self._counting: dict[tuple[int, str], asyncio.Lock] = {}
+        self._trying: dict[tuple[int, str], asyncio.Lock] = {}
+        self._isolations: dict[str, tuple[str, str]] = {}  # by task digest
         self._zygotes: dict[str, Zygote] = {}  # by grading SandboxSpec.key()
         self._zygote_lock = asyncio.Lock()
         self._closed = False
@@ -187,13 +189,43 @@ class Grader:
             tests_total=expected, flags=sorted(flags), details=details, tests=tests,
             changed_files=screened.changed, duration_s=time.perf_counter() - start, log=run.log)
 
-    async def _run(self, task: Task, tree: FileTree, flags: set[str],
-                   details: list[str]) -> tuple[TestRun, dict[str, float]]:
+    def _forks(self, task: Task) -> bool:
+        """Whether ``task`` is graded by the zygote (``_run_forked``)."""
+        return (self.use_zygote and task.config.grading.runner == "plain"
+                and not task.config.verifiers and grading_spec(task).backend == "local")
+
+    async def isolation(self, task: Task) -> tuple[str, str]:
+        """(``process`` or ``shared``, why): how ``task``'s gradings run the tested code
+        (``grading.isolation``; ``reward/isolation.py``). For ``auto``, a task whose hidden
+        tests' syntax allows the boundary is graded across it only once its reference
+        solution, graded so here once, passed every test with nothing but data crossing."""
+        chosen, why = by_syntax(task, hides_tests=self._forks(task))
+        if task.config.grading.isolation != "auto" or chosen == "shared":
+            return chosen, why
+        if task.solution is None:
+            return "shared", "no reference solution shows that the tests take data only"
+        loop = asyncio.get_running_loop()
+        lock = self._trying.setdefault((id(loop), task.digest), asyncio.Lock())
+        async with lock:  # concurrent first gradings of a task try its reference once
+            if task.digest not in self._isolations:
+                expected = await self.expected_tests(task)
+                tree = task.workspace.overlay(dict(task.solution.files))
+                run, _ = await self._run(task, tree, set(), [], isolation="process")
+                problem = exchanges_data(run, expected)
+                self._isolations[task.digest] = (
+                    ("shared", f"the reference solution across the boundary: {problem}")
+                    if problem else
+                    ("process", "the reference solution passed every test with data only"))
+        return self._isolations[task.digest]
+
+    async def _run(self, task: Task, tree: FileTree, flags: set[str], details: list[str],
+                   isolation: str | None = None) -> tuple[TestRun, dict[str, float]]:
         grading = task.config.grading
         spec = grading_spec(task)
-        if (self.use_zygote and grading.runner == "plain" and not task.config.verifiers
-                and spec.backend == "local"):
-            return await self._run_forked(task, tree, spec), {}
+        if isolation is None:
+            isolation = (await self.isolation(task))[0]
+        if self._forks(task):
+            return await self._run_forked(task, tree, spec, isolation), {}
         launcher = await self._launcher(spec, grading.runner)
         sb = launcher.sb
         try:
@@ -201,7 +233,7 @@ class Grader:
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
             run = await launcher.run(pytest_args(grading.command), task.tests,
                                      grading.tests_dir, grading.timeout_s, canary_imports(task),
-                                     isolation=isolation(task, hides_tests=False)[0])
+                                     isolation=isolation)
             scores: dict[str, float] = {}
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
@@ -213,11 +245,12 @@ class Grader:
         finally:
             await sb.close()
 
-    async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec) -> TestRun:
+    async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec,
+                          isolation: str) -> TestRun:
         """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
         the same checks, without a new interpreter per grading."""
         grading = task.config.grading
-        separate = isolation(task)[0] == "process"
+        separate = isolation == "process"
         solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
         try:
             zygote = await self._zygote(spec)
@@ -287,8 +320,7 @@ class Grader:
                 await tree.write_into(launcher.sb)
                 run = await launcher.run(pytest_args(grading.command), task.tests,
                                          grading.tests_dir, grading.timeout_s,
-                                         collect_only=True,
-                                         isolation=isolation(task, hides_tests=False)[0])
+                                         collect_only=True)
             finally:
                 await launcher.sb.close()
             if not run.collected:

@@ -40,7 +40,7 @@ emit = guard_module.report
 hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
-COMMIT, NUMBER = compiling.COMMIT, compiling.NUMBER
+COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
 
@@ -482,6 +482,27 @@ def enter():
     emit("enter")
 
 
+def star(name, level):
+    """``from name import *`` in a hidden module (``inside_compile``'s ``star``): each name the
+    module exports (its ``__all__``, or its public names), bound in the hidden module unless it
+    is a dunder, a module, or a name the hidden module already binds to something else. A
+    module that exports ``pytest``, ``math`` or ``__builtins__`` of its own making would
+    otherwise replace what the test imported first, and a test would call the tested code's
+    ``approx`` or ``sqrt`` with the expected value."""
+    namespace = sys._getframe(1).f_globals
+    module = __import__(name, namespace, None, ("*",), level)
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+    for each in list(names):
+        if type(each) is not str or each.startswith("__"):
+            continue
+        value = getattr(module, each)
+        if isinstance(value, type(sys)) or (each in namespace and namespace[each] is not value):
+            continue
+        namespace[each] = value
+
+
 def load_hidden(path, name):
     """The hidden module at ``path``, run from its code compiled ahead (None if there is no
     such hidden file)."""
@@ -500,7 +521,7 @@ def _run_hidden(module, path, code):
     if isinstance(code, BaseException):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
-             HELD: held, COMMIT: commit, NUMBER: number}
+             HELD: held, COMMIT: commit, NUMBER: number, STAR: star}
     module.__file__ = path
     module.__dict__.update(hooks)
     emit("loading", module=module)  # before its code runs: reading that code is seen
@@ -672,7 +693,7 @@ class Report:
     def pytest_sessionfinish(self, session, exitstatus):
         # Here, not after pytest.main: pytest's unconfigure then undoes its own class patches.
         self.ended = True
-        emit("end", exitstatus=int(exitstatus))
+        emit("end", exitstatus=int(exitstatus), crossed=_crossed())
 
     ended = False
 
@@ -732,7 +753,7 @@ def run_tests(config, fd):
         "--no-header", "-rN", *config["args"], *config["canaries"]],
         plugins=[plugin])
     if not plugin.ended:  # pytest stopped before the session could finish
-        emit("end", exitstatus=int(code))
+        emit("end", exitstatus=int(code), crossed=_crossed())
 
 
 def run_plain(config, fd):
@@ -786,7 +807,13 @@ def run_plain(config, fd):
             message = _traceback()
         emit("test", id=item_id, outcome=outcome, message=message)
         emit("finish", id=item_id)
-    emit("end", exitstatus=0)
+    emit("end", exitstatus=0, crossed=_crossed())
+
+
+def _crossed():
+    """What crossed the process boundary that was not plain data (``Boundary.crossed``);
+    None in one process."""
+    return boundary_module.INSTALLED[0].crossed() if boundary_module.INSTALLED else None
 
 
 def _traceback():

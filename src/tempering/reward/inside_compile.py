@@ -21,6 +21,7 @@ DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
 COMMIT, NUMBER = "__tempering_commit__", "__tempering_number__"
+STAR = "__tempering_star__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -186,8 +187,19 @@ def instrument(tree, calls=True, text=None):
         out = []
         for stmt in body:
             nested(stmt, statements)
-            out += assertion(stmt) if isinstance(stmt, ast.Assert) else [stmt]
+            out += assertion(stmt) if isinstance(stmt, ast.Assert) else [star(stmt)]
         return out
+
+    def star(stmt):
+        """``from m import *`` as ``STAR("m", level)``: the launcher's import of every name
+        ``m`` exports, except those the module already binds (``import pytest`` first) and
+        modules (a ``math`` of the tested code's): what the test imported itself stays its."""
+        if not (isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["*"]):
+            return stmt
+        call = at(ast.Call(at(ast.Name(STAR, ast.Load()), stmt),
+                           [at(ast.Constant(stmt.module or ""), stmt),
+                            at(ast.Constant(stmt.level), stmt)], []), stmt)
+        return at(ast.Expr(call), stmt)
 
     class Calls(ast.NodeVisitor):
         def visit_Call(self, node):

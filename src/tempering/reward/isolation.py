@@ -5,9 +5,11 @@ calls with data and reaches nothing of the tests. That holds for tests that call
 code and look at what it returns, raises or prints, which is most of them; it cannot hold for
 tests that reach into the tested code's process (patch its modules, read its log records or
 warnings, compare identities of what it returned, pass it objects of their own, drive its
-coroutines). ``auto`` picks ``process`` unless the hidden tests do one of those things, read
-from their syntax on the host (the agent writes none of it, so nothing it does moves the
-choice).
+coroutines). ``auto`` picks ``process`` where the task shows it holds: the hidden tests'
+syntax reaches into none of that (``by_syntax``), and the task's reference solution, graded
+across the boundary once, passes every test with nothing but data crossing
+(``exchanges_data``). Both are read on the host from what the task author wrote, never from
+what the agent did, so nothing an agent does moves the choice.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 import ast
 
 from tempering.reward.kept import Kept
+from tempering.reward.runner import TestRun
 from tempering.tasks.task import Task
 
-__all__ = ["isolation", "reaches_in"]
+__all__ = ["by_syntax", "exchanges_data", "reaches_in"]
 
 # Names (variables, attributes, parameters, imports) of what reaches into the tested code's
 # process: fixtures and helpers that patch it or read its logs and warnings, introspection.
@@ -35,18 +38,38 @@ _IDENTITY_OK = (type(None), bool, type(...))
 _chosen: Kept[str, tuple[str, str]] = Kept(4096)  # by task digest: (isolation, why)
 
 
-def isolation(task: Task, *, hides_tests: bool = True) -> tuple[str, str]:
-    """(``process`` or ``shared``, why), for ``task``'s grading. ``hides_tests``: whether the
-    grading path can give the tested code's process a view without the tests directory (the
-    zygote's can; a sandbox of its own cannot, and there the hidden tests' data files would
-    be readable by it, as they are to a subprocess: ``auto`` keeps such tasks in one process,
-    where the guard sees the tested code read them)."""
+def by_syntax(task: Task, *, hides_tests: bool = True) -> tuple[str, str]:
+    """(``process`` or ``shared``, why), as far as ``task``'s configuration and the hidden
+    tests' syntax tell. ``hides_tests``: whether the grading path can give the tested code's
+    process a view without the tests directory (the zygote's can; a sandbox of its own cannot,
+    and there the hidden tests' data files would be readable by it, as they are to a
+    subprocess: ``auto`` keeps such tasks in one process, where the guard sees the tested code
+    read them). ``process`` here is a candidate: ``Grader.isolation`` also asks the reference
+    solution (``exchanges_data``)."""
     wanted = task.config.grading.isolation
     if wanted != "auto":
         return wanted, f"grading.isolation = {wanted!r}"
     if not hides_tests and any(not path.endswith(".py") for path in task.tests):
         return "shared", "the hidden tests have data files, which a sandbox of its own shows"
     return _chosen.get(task.digest, lambda: _auto(task))
+
+
+def exchanges_data(run: TestRun, expected: int) -> str:
+    """Why the reference solution's run across the boundary (``run``) shows that the tests
+    need more than data from the tested code ('' if it does not): every test must pass, and
+    nothing but data may have crossed (no instance held as a handle, no callable of the
+    test's called back, no value refused, none of a builtin kind's subclasses flattened)."""
+    passed = sum(outcome == "passed" for outcome, _ in run.outcomes.values())
+    if passed != expected or len(run.outcomes) != expected:
+        failing = [i for i, (outcome, _) in run.outcomes.items() if outcome != "passed"]
+        return f"{passed} of {expected} tests passed ({', '.join(failing[:3])})"
+    crossed = run.crossed
+    if crossed is None:
+        return "it reported nothing of what crossed"
+    more = {name: count for name, count in crossed.items() if count}
+    if more:
+        return "more than data crossed: " + ", ".join(f"{n} {k}" for k, n in sorted(more.items()))
+    return ""
 
 
 def _auto(task: Task) -> tuple[str, str]:

@@ -71,6 +71,7 @@ class TestRun:
     timed_out: bool = False
     oom: bool = False
     truncated: bool = False  # the report went over the output limit: what followed is lost
+    crossed: dict[str, int] | None = None  # across the process boundary: what was not data
     log: str = ""
 
 
@@ -341,6 +342,9 @@ def _apply(run: TestRun, record: dict[str, object], tag: str, holds: str) -> Non
         run.started = True
     elif event == "end":
         run.finished = True
+        crossed = record.get("crossed")
+        if isinstance(crossed, dict):
+            run.crossed = {str(k): v for k, v in crossed.items() if type(v) is int}
     elif event == "collected":
         ids = record.get("ids")
         run.collected = [str(i) for i in ids if tag not in str(i)] if isinstance(ids, list) else []
