@@ -252,12 +252,13 @@ class Grader:
         grading = task.config.grading
         separate = isolation == "process"
         solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
+        data = any(not path.endswith(".py") for path in task.tests)
         try:
             zygote = await self._zygote(spec)
-            forked = await zygote.fork(solver)
+            forked = await zygote.fork(solver, hide=data)
         except SandboxStartError:  # it died (killed, OOM): start another, once
             zygote = await self._zygote(spec, replace=True)
-            forked = await zygote.fork(solver)
+            forked = await zygote.fork(solver, hide=data)
         try:
             placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
@@ -271,7 +272,6 @@ class Grader:
             await asyncio.to_thread(_write_all, forked.storage, files)
             # The hidden Python files are placeholders, read by nobody, and the plain runner
             # lists the tests before any tested code runs: only data files need sealing.
-            data = any(not path.endswith(".py") for path in task.tests)
             await forked.seal(f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if data
                               else None)
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)

@@ -578,6 +578,9 @@ def prepare(config, fd, pytest_hooks=False):
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
+    # Across the process boundary nothing of the tested code's runs here: no integrity to
+    # record and check before every outcome.
+    guard.alone = config.get("isolation") == "process"
     _frameless_signals(type(guard).__call__.__code__)
     _audited_refcounts()
     del guard  # from here on, only audit events reach it

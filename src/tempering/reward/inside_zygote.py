@@ -186,11 +186,14 @@ def grading(channel, request, seccomp):
         # the configuration's length: what is forked from here on is in the cgroup too.
         size = struct.unpack("=I", channel.recv(4))[0]
         uid, gid = request["uid"], request["gid"]
-        hidden = request.get("solver")
-        if hidden is not None:  # the tested code's own process (``inside_boundary.py``)
-            inside.SOLVER.append(inside.boundary_module.fork_solver(
+        hidden, hide = request.get("solver"), request.get("hide")
+        if hidden is not None and hide:  # the tested code's own process (inside_boundary.py),
+            inside.SOLVER.append(inside.boundary_module.fork_solver(  # the tests out of view
                 request["workdir"], before=lambda: solver_user(hidden, uid, gid, seccomp))[0])
         become_user(uid, gid, seccomp)
+        if hidden is not None and not hide:  # nothing there but empty placeholders: the
+            inside.SOLVER.append(inside.boundary_module.fork_solver(  # grading's user will do
+                request["workdir"])[0])
         os.chdir(request["workdir"])
         config = marshal.loads(_receive(channel, size))
         for name in ("ctypes", "LIBC", "SockFprog"):  # the tested code must import ctypes anew

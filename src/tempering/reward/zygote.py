@@ -205,10 +205,12 @@ class Zygote:
     def alive(self) -> bool:
         return self._control is not None and self._exit is not None and not self._exit.done()
 
-    async def fork(self, solver: str | None = None) -> Forked:
+    async def fork(self, solver: str | None = None, hide: bool = True) -> Forked:
         """A grading process in fresh namespaces, in a cgroup of its own, waiting for files.
         With ``solver`` (the hidden tests' directory, absolute), it forks the tested code's
-        process once the files are written, with that directory empty in its view."""
+        process once the files are written; with ``hide``, in a mount namespace of its own
+        where that directory is empty (where it holds data files: else it holds only empty
+        placeholders, and the solver is forked as the grading's own user, for less)."""
         if not self.alive or self._control is None or self._uid is None:
             raise SandboxStartError("the grading zygote is not running")
         h, spec = host(), self.spec
@@ -218,7 +220,7 @@ class Zygote:
         ours.setblocking(False)
         status.setblocking(False)
         request = {"disk": spec.disk_mb << 20, "workdir": spec.workdir, "uid": 1000,
-                   "gid": 1000, "solver": solver}
+                   "gid": 1000, "solver": solver, "hide": hide}
         try:
             async with self._lock:
                 socket.send_fds(self._control, [marshal.dumps(request)],
