@@ -265,7 +265,7 @@ class Grader:
                            canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
                            sources=sources, isolation="process" if separate else "shared")
             if zygote.magic == MAGIC_NUMBER:  # it reads this interpreter's bytecode
-                plan.precompile(compiled_tests(task, spec.workdir, sources))
+                plan.precompile(compiled_tests(task, spec.workdir, sources, not separate))
             files = [(p, tree[p], tree.mode(p)) for p in tree]
             files += placeholders  # last: the hidden tests win any clash
             files.append((plan.canary_path, b"", 0o644))
@@ -337,13 +337,15 @@ def _write_all(storage: Storage, files: list[tuple[str, bytes, int]]) -> None:
 
 
 _imports: Kept[str, str] = Kept(KEPT)  # by task digest
-_compiled: Kept[tuple[str, str], dict[str, bytes]] = Kept(KEPT)  # by task digest, workdir
+_compiled: Kept[tuple[str, str, bool], dict[str, bytes]] = Kept(KEPT)  # digest, workdir, probes
 
 
-def compiled_tests(task: Task, workdir: str, sources: dict[str, bytes]) -> dict[str, bytes]:
+def compiled_tests(task: Task, workdir: str, sources: dict[str, bytes],
+                   probes: bool = True) -> dict[str, bytes]:
     """The task's hidden Python files (``sources``), compiled here for the zygote, once per
     task."""
-    return _compiled.get((task.digest, workdir), lambda: compile_sources(sources))
+    return _compiled.get((task.digest, workdir, probes),
+                         lambda: compile_sources(sources, probes))
 
 
 def canary_imports(task: Task) -> str:

@@ -568,7 +568,8 @@ class HiddenFinder:
 def prepare(config, fd, pytest_hooks=False):
     """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
     workspace, tests = config["workspace"], config["tests"]
-    codes = compiling.compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks)
+    codes = compiling.compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks,
+                                     probes=config.get("isolation") != "process")
     codes.update((path, marshal.loads(code))  # compiled by the host, for this interpreter
                  for path, code in config.pop("compiled", {}).items())
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,

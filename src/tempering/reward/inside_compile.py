@@ -25,14 +25,16 @@ STAR = "__tempering_star__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
-def instrument(tree, calls=True, text=None):
+def instrument(tree, calls=True, text=None, probes=True):
     """Probe each asserted equality in the test's own frame (``equality``), wrap the other
     asserted comparisons' non-literal operands in ``PROBE``, and with ``calls`` the compared
     arguments of unittest's and numpy's equality assertions too; mark each ``test*`` function's
     start (``ENTER``) and normal exits (``DONE``). Only statements are walked for assertions (no
     expression holds one), and each new node is placed where the node it stands in for is, so
     the tree is never walked whole unless ``calls``. With the file's ``text``, an operand is
-    looked into for a matcher only if the text names one."""
+    looked into for a matcher only if the text names one. Without ``probes`` (the tested code
+    in a process of its own, where every operand is data or a proxy of ours), the assertions
+    are left as they are: only the marks and star imports are rewritten."""
     import ast
 
     literals = {}
@@ -187,7 +189,7 @@ def instrument(tree, calls=True, text=None):
         out = []
         for stmt in body:
             nested(stmt, statements)
-            out += assertion(stmt) if isinstance(stmt, ast.Assert) else [star(stmt)]
+            out += assertion(stmt) if probes and isinstance(stmt, ast.Assert) else [star(stmt)]
         return out
 
     def star(stmt):
@@ -235,7 +237,7 @@ def instrument(tree, calls=True, text=None):
         return found
 
     tree.body = statements(tree.body)
-    if calls:
+    if calls and probes:
         Calls().visit(tree)
     for node in functions(tree.body, []):  # a runner collects test*: each says it began and
         if node.name.startswith("test"):  # got to its end
@@ -246,7 +248,8 @@ def instrument(tree, calls=True, text=None):
     return tree
 
 
-def compile_hidden(sources: dict[str, bytes], rewrite: bool) -> dict[str, object]:
+def compile_hidden(sources: dict[str, bytes], rewrite: bool,
+                   probes: bool = True) -> dict[str, object]:
     """Every hidden Python file, compiled now, before any tested code exists: instrumented
     with the probe and, under pytest, with pytest's assertion rewriting. Nothing of the hidden
     tests is parsed or transformed once the tested code runs (it could patch the parser or the
@@ -263,7 +266,8 @@ def compile_hidden(sources: dict[str, bytes], rewrite: bool) -> dict[str, object
         try:
             text = decode_source(source)  # as the interpreter reads it, coding cookie and all
             tree = instrument(ast.parse(text, filename=path),
-                              calls=any(name in text for name in EQUALITY_CALLS), text=text)
+                              calls=any(name in text for name in EQUALITY_CALLS), text=text,
+                              probes=probes)
             if rewrite:
                 rewrite_asserts(tree, source, path, None)
             codes[path] = compile(tree, path, "exec", dont_inherit=True)

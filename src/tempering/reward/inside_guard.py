@@ -503,7 +503,7 @@ class Guard:
                 path, box = _text(args[0]), args[1]
                 if _addr(sys._getframe(2).f_code) in self.emitters and type(box) is list:
                     box.append(self.codes.get(path))
-            else:
+            elif not self.alone:  # else nothing here is the tested code's to attribute
                 self.check(event, args)
         except Exception as exc:  # raising would break the tested code, not protect it
             try:  # but the guard could not judge this event: said, so it is never silent

@@ -184,11 +184,12 @@ class RunPlan:
         sources = dict(self.sources)
         codes = {path: compiled[path] for path in sources if path in compiled}
         canary_path = f"{self.config['workspace']}/{self.canary_path}"
-        filled = canary_code(self.canary, canary_path)
+        probes = self.config.get("isolation") != "process"
+        filled = canary_code(self.canary, canary_path, probes)
         if filled is not None:
             codes[canary_path] = filled
         rest = {path: text for path, text in sources.items() if path not in codes}
-        codes.update(compile_sources(rest))
+        codes.update(compile_sources(rest, probes))
         self.config["compiled"] = codes
         self.config["sources"] = {p: t for p, t in sources.items() if p not in codes}
 
@@ -223,10 +224,10 @@ _BREAKS = f"test_tempering_b{secrets.token_hex(8)}"
 _HOLDS = f"test_tempering_h{secrets.token_hex(8)}"
 _NUMBER, _INT = (1 << 62) + secrets.randbits(40), (1 << 61) + secrets.randbits(40)
 _STR = f"\0tempering {secrets.token_hex(8)}"
-_templates: Kept[tuple[str, str | None], CodeType | None] = Kept(1024)
+_templates: Kept[tuple[str, str | None, bool], CodeType | None] = Kept(1024)
 
 
-def canary_code(made: canary.Canaries, path: str) -> bytes | None:
+def canary_code(made: canary.Canaries, path: str, probes: bool = True) -> bytes | None:
     """A mutant canary as marshal data, without compiling it: its template is compiled once
     (per literal, where the mutant's literal is the same every time) with stand-ins for what
     each grading draws (test names, the passing test's number, a random int or str literal),
@@ -236,8 +237,8 @@ def canary_code(made: canary.Canaries, path: str) -> bytes | None:
         return None
     template, breaks, literal, holds, number = made.parts
     drawn = type(literal) in (int, str)
-    code = _templates.get((template, None if drawn else repr(literal)),
-                          lambda: _template_code(template, literal))
+    code = _templates.get((template, None if drawn else repr(literal), probes),
+                          lambda: _template_code(template, literal, probes))
     if code is None:
         return None
     names = {_BREAKS: breaks, _HOLDS: holds}
@@ -245,11 +246,12 @@ def canary_code(made: canary.Canaries, path: str) -> bytes | None:
     return marshal.dumps(_fill_code(code, names, consts, path))
 
 
-def _template_code(template: str, literal: object) -> CodeType | None:
+def _template_code(template: str, literal: object, probes: bool = True) -> CodeType | None:
     """A mutant's template compiled with the stand-ins (None if it does not compile)."""
     stand_in = {int: _INT, str: _STR}.get(type(literal), literal)
     text = f"{canary.fill(template, _BREAKS, stand_in)}\n\n\n{canary.holding(_HOLDS, _NUMBER)}"
-    compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False)["<canary>"]
+    compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False,
+                              probes=probes)["<canary>"]
     return compiled if isinstance(compiled, CodeType) else None
 
 
@@ -269,11 +271,12 @@ def _fill_code(code: CodeType, names: dict[str, str], consts: dict[tuple[type, o
                         co_filename=path)
 
 
-def compile_sources(sources: Mapping[str, bytes]) -> dict[str, bytes]:
+def compile_sources(sources: Mapping[str, bytes], probes: bool = True) -> dict[str, bytes]:
     """The hidden Python files that compile, compiled as the plain runner's launcher would
     (``inside_compile.py``), as marshal data by path."""
     return {path: marshal.dumps(code)  # type: ignore[arg-type]  # a code object
-            for path, code in compile_hidden(dict(sources), rewrite=False).items()
+            for path, code in compile_hidden(dict(sources), rewrite=False,
+                                             probes=probes).items()
             if not isinstance(code, BaseException)}
 
 
