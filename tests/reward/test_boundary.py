@@ -452,3 +452,44 @@ def test_tests_that_need_their_own_objects_share_the_process(line, tmp_path) -> 
                                                     f"\n\ndef test_x():\n    board = Box(1)"
                                                     f"\n    {line}\n")
     assert by_syntax(task)[0] == "shared", by_syntax(task)
+
+
+OUTPUT_SOLUTION = """import os
+import subprocess
+import sys
+import warnings
+
+
+def show(text):
+    sys.stdout.buffer.write(text.encode() + b"\\n")
+    sys.stdout.flush()
+    os.write(2, b"fd " + text.encode() + b"\\n")
+    subprocess.run([sys.executable, "-c", "print('child')"], check=True)
+    warnings.warn("old api", DeprecationWarning)
+    return len(text)
+"""
+OUTPUT_TESTS = """import pytest
+
+from out import show
+
+
+def test_output_by_descriptor(capfd):
+    with pytest.deprecated_call():
+        assert show("hi") == 2
+    seen = capfd.readouterr()
+    assert seen.out == "hi\\nchild\\n" and seen.err == "fd hi\\n"
+"""
+
+
+@pytest.mark.parametrize("mode", ["process", "shared"])
+async def test_what_the_tested_code_prints_reaches_the_test(mode, tmp_path) -> None:
+    """Its bytes on ``sys.stdout.buffer``, its descriptors 1 and 2 (a subprocess's too) and
+    its warnings reach the test as they would in one process (the round of honest work after
+    round twenty: each of these scored 0 across the boundary)."""
+    task = write_task(tmp_path, "out", {"module": "out", "test_name": "test_out.py",
+                                        "tests": OUTPUT_TESTS, "solution": OUTPUT_SOLUTION,
+                                        "stub": "def show(text):\\n    pass\\n"},
+                      "pytest", isolation=mode)
+    result = await _attempt(task, {"out.py": OUTPUT_SOLUTION})
+    assert result.reward == 1.0 and not result.flags, (
+        result.flags, [t.message[-600:] for t in result.tests if t.outcome != "passed"])

@@ -33,7 +33,7 @@ import struct
 import sys
 import threading
 
-LIMIT = 16 << 20  # bytes of one message, either way
+LIMIT = 64 << 20  # bytes of one message, either way
 DEPTH = 200  # nesting of one value
 OUTPUT = 1 << 20  # characters of the tested code's prints forwarded per call
 _INT = 1 << 53  # ints beyond this travel as hex (no digit limit; JSON readers differ)
@@ -263,6 +263,7 @@ class Solver:
 
     def __init__(self, sock):
         self.sock = sock
+        self.warned = []  # warnings issued during the call, for the test's process
         self.objects = {}  # number: object (kept alive, so ids stay unique)
         self.numbers = {}  # id(object): number
         self.callbacks = {}
@@ -317,21 +318,23 @@ class Solver:
             self.serve_one(message)
 
     def serve_one(self, message):
-        out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+        warned, self.warned = self.warned, []
         try:
             reply = ["ok", pack(self.perform(message), self.refer)]
         except BaseException as exc:  # noqa: BLE001 - the tested code's, told to the test
             reply = self.raised(exc)
-        finally:
-            printed = (sys.stdout.getvalue()[:OUTPUT], sys.stderr.getvalue()[:OUTPUT]) \
-                if isinstance(sys.stdout, io.StringIO) and isinstance(sys.stderr, io.StringIO) \
-                else ("", "")
-            sys.stdout, sys.stderr = out, err
+        printed = [*map(_drain, (1, 2)), self.warned[:100]]
+        self.warned = warned
         try:
             send(self.sock, [*reply, *printed])
         except BoundaryError as exc:
             send(self.sock, [*self.raised(exc), *printed])
+
+    def warn(self, message, category, filename, lineno, file=None, line=None):
+        """``warnings.showwarning`` in the solver: a warning goes to the test's process, where
+        pytest's capture (or the test's own) sees it, as it would in one process."""
+        self.warned.append([_text(message), _text(getattr(category, "__name__", "")),
+                            _text(filename, 500), lineno if type(lineno) is int else 0])
 
     def raised(self, exc):
         kind = type(exc)
@@ -356,6 +359,7 @@ class Solver:
             except BaseException:  # noqa: BLE001 - not data: left out
                 continue
         return ["raise", which, args, _text(exc), where, attributes]
+
 
     def perform(self, message):
         op = message[0]
@@ -426,19 +430,51 @@ class Solver:
         raise BoundaryError(f"no such operation: {op!r}")
 
 
+def _drain(fd):
+    """What the tested code (or a subprocess of its) wrote to ``fd`` (1 or 2, a memory file)
+    since the last call, as text; the file is emptied."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream the tested code put there
+            pass
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        data = os.pread(fd, min(size, OUTPUT), 0) if size else b""
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
 def solve(sock, workspace):
     """The solver's life, in the forked process: wait for the launcher's word, then serve."""
-    for fd in range(3):
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, fd)
-        os.close(null)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd in (1, 2):  # what it prints, down to the descriptor, goes to the test per call
+        try:
+            made = os.memfd_create(f"tempering-{fd}")
+        except (AttributeError, OSError):
+            made = os.open(os.devnull, os.O_RDWR)
+        os.dup2(made, fd)
+        os.close(made)
+    streams = [io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                errors="backslashreplace", line_buffering=True)
+               for fd in (1, 2)]
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__ = streams
     go = receive(sock)
     if go != ["go"]:
         os._exit(0)
     os.chdir(workspace)
     sys.path.append(workspace)
     sys.argv = [""]
-    Solver(sock).serve()
+    import warnings
+
+    solver = Solver(sock)
+    warnings.showwarning = solver.warn
+    warnings.simplefilter("always")  # the test's process filters them, as pytest's would
+    solver.serve()
 
 
 def fork_solver(workspace, hide=None, before=None):
@@ -534,11 +570,23 @@ class Boundary:
                 raise BoundaryError(f"an unexpected reply: {reply[0][:40]!r}")
 
     def _printed(self, reply):
-        tail = reply[-2:] if reply[0] == "ok" and len(reply) == 4 or \
-            reply[0] == "raise" and len(reply) == 8 else []
-        for text, stream in zip(tail, (sys.stdout, sys.stderr), strict=False):
+        tail = reply[-3:] if reply[0] == "ok" and len(reply) == 5 or \
+            reply[0] == "raise" and len(reply) == 9 else []
+        if not tail:
+            return
+        for text, stream in zip(tail[:2], (sys.stdout, sys.stderr), strict=False):
             if type(text) is str and text and stream is not None:
                 stream.write(text)
+        if type(tail[2]) is list:
+            import warnings
+
+            for warned in tail[2]:
+                if type(warned) is list and len(warned) == 4 and type(warned[0]) is str \
+                        and type(warned[2]) is str and type(warned[3]) is int:
+                    kind = getattr(builtins, str(warned[1]), None)
+                    if not (isinstance(kind, type) and issubclass(kind, Warning)):
+                        kind = UserWarning
+                    warnings.warn_explicit(warned[0], kind, warned[2], warned[3])
 
     def _call_back(self, reply):
         try:
