@@ -41,6 +41,7 @@ hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
 COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
+WITHIN = compiling.WITHIN
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
 
@@ -482,20 +483,43 @@ def enter():
     emit("enter")
 
 
+def within(item, container):
+    """``assert item in container`` (``inside_compile``): for a data ``item`` and a container
+    that is no builtin one (an object of the tested code's, whose ``__contains__`` could say
+    yes to anything it is shown), the container is had as data first, a str for a str (its
+    ``str()``), else a list of its items, each of which must be of the builtin kinds, and
+    ``in`` is the builtin's. Anything else is ``in`` as written."""
+    if _among(type(container), (str, bytes, list, tuple, set, frozenset, dict, range)) or \
+            not _honest(item):
+        return item in container
+    try:
+        if type(item) is str:
+            text = str(container)
+            return isinstance(text, str) and item in str.__str__(text)
+        items = [*container]
+    except Exception:  # noqa: BLE001 - it cannot be had as data: not in it
+        return False
+    return all(_honest(each) for each in items) and item in items
+
+
 def star(name, level):
     """``from name import *`` in a hidden module (``inside_compile``'s ``star``): each name the
     module exports (its ``__all__``, or its public names), bound in the hidden module unless it
-    is a dunder, a module, or a name the hidden module already binds to something else. A
-    module that exports ``pytest``, ``math`` or ``__builtins__`` of its own making would
-    otherwise replace what the test imported first, and a test would call the tested code's
-    ``approx`` or ``sqrt`` with the expected value."""
+    is private or special to pytest (``setup_function``, ``pytestmark``, ``test*``), a module,
+    or a name the hidden module already binds to something else. A module that exports
+    ``pytest``, ``math`` or ``__builtins__`` of its own making would otherwise replace what
+    the test imported first, and a test would call the tested code's ``approx`` or ``sqrt``
+    with the expected value; a star-imported ``setup_function`` is handed every test."""
     namespace = sys._getframe(1).f_globals
     module = __import__(name, namespace, None, ("*",), level)
     names = getattr(module, "__all__", None)
     if names is None:
         names = [n for n in vars(module) if not n.startswith("_")]
     for each in list(names):
-        if type(each) is not str or each.startswith("__"):
+        # Not a private or special name, nor one pytest would run: a star-imported
+        # ``setup_function`` is called with each hidden test, a ``pytestmark`` marks them all.
+        if type(each) is not str or each.startswith(("_", "test", "Test", "setup", "teardown",
+                                                     "pytest")):
             continue
         value = getattr(module, each)
         if isinstance(value, type(sys)) or (each in namespace and namespace[each] is not value):
@@ -521,7 +545,7 @@ def _run_hidden(module, path, code):
     if isinstance(code, BaseException):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
-             HELD: held, COMMIT: commit, NUMBER: number, STAR: star}
+             HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within}
     module.__file__ = path
     module.__dict__.update(hooks)
     emit("loading", module=module)  # before its code runs: reading that code is seen
@@ -593,7 +617,7 @@ def prepare(config, fd, pytest_hooks=False):
     if config.get("isolation") == "process":
         if not SOLVER:
             raise RuntimeError("process isolation, and no solver was forked")
-        boundary_module.install(SOLVER[0], workspace)  # the workspace's modules are its
+        boundary_module.install(SOLVER[0], workspace, tests)  # the workspace's modules
         sys.path.append(tests)
     else:
         for sock in SOLVER:  # not needed: it ends when its socket does

@@ -21,7 +21,7 @@ DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
 COMMIT, NUMBER = "__tempering_commit__", "__tempering_number__"
-STAR = "__tempering_star__"
+STAR, WITHIN = "__tempering_star__", "__tempering_within__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -119,6 +119,8 @@ def instrument(tree, calls=True, text=None, probes=True):
         test.left = wrap(left, kind)
         if kind != "eq":  # "in": what is looked for is probed, not where
             test.comparators = [wrap(right, kind)]
+        elif not equal:  # "in": where it is looked for is had as data first (WITHIN)
+            node.test = at(helper(WITHIN, test, test.left, right), test)
         return [node]
 
     def name(text, like, store=False):
