@@ -60,18 +60,34 @@ def _median_attacks() -> dict[str, tuple[dict[str, str | bytes], str | None]]:
 MEDIAN_ATTACKS = _median_attacks()
 
 
-@pytest.fixture(scope="module", params=["plain", "pytest"])
-def separate(request: pytest.FixtureRequest, median: Task) -> Task:
-    grading = median.config.grading.model_copy(update={"runner": request.param,
+def _names_pytest(files: dict[str, str | bytes], shell: str | None) -> bool:
+    text = " ".join(v if isinstance(v, str) else v.decode("latin-1") for v in files.values())
+    return "pytest" in text + (shell or "")
+
+
+# Every attack under the plain runner; under pytest, those that reach for pytest's machinery
+# (the rest meet the same boundary either way, and the sweep is the suite's longest).
+SWEEP = [("plain", name) for name in MEDIAN_ATTACKS] + [
+    ("pytest", name) for name, (files, shell) in MEDIAN_ATTACKS.items()
+    if _names_pytest(files, shell)]
+
+
+def _separate(median: Task, runner: str) -> Task:
+    grading = median.config.grading.model_copy(update={"runner": runner,
                                                        "isolation": "process"})
     return Task(median.config.model_copy(update={"grading": grading}), median.instruction,
                 median.workspace, median.tests, median.solution)
 
 
-@pytest.mark.parametrize("name", list(MEDIAN_ATTACKS))
-async def test_no_attack_beats_the_grader_across_the_boundary(name, separate) -> None:
+@pytest.fixture(scope="module", params=["plain", "pytest"])
+def separate(request: pytest.FixtureRequest, median: Task) -> Task:
+    return _separate(median, request.param)
+
+
+@pytest.mark.parametrize(("runner", "name"), SWEEP)
+async def test_no_attack_beats_the_grader_across_the_boundary(runner, name, median) -> None:
     files, shell = MEDIAN_ATTACKS[name]
-    result = await _attempt(separate, files, shell)
+    result = await _attempt(_separate(median, runner), files, shell)
     passed = [t.id for t in result.tests if t.outcome == "passed"]
     # At most one test, as an attack's fallback answers it honestly (raising ValueError on an
     # empty list, or returning the one value of a list of one).
@@ -389,7 +405,7 @@ def test_humaneval_is_graded_across_the_boundary() -> None:
     from tempering.tasks.humaneval import load_humaneval
 
     chosen = [by_syntax(task)[0] for task in load_humaneval()]
-    assert chosen.count("process") == len(chosen), chosen.count("shared")
+    assert chosen.count("data") == len(chosen), chosen.count("shared")
 
 
 async def test_auto_asks_the_reference_solution(median, tmp_path) -> None:
@@ -406,9 +422,10 @@ async def test_auto_asks_the_reference_solution(median, tmp_path) -> None:
         "plain", isolation="auto")
     bare = Task(bare.config, bare.instruction, bare.workspace, bare.tests, None)
     async with Grader() as grader:
-        assert (await grader.isolation(data_only))[0] == "process"
+        assert (await grader.isolation(data_only))[0] == "data"
         chosen, why = await grader.isolation(objects)
-        assert chosen == "shared" and "more than data crossed" in why, why
+        # (only data crossing, its tests that hold objects fail)
+        assert chosen == "shared" and "tests passed" in why, why
         assert (await grader.isolation(bare)) == (
             "shared", "no reference solution shows that the tests take data only")
         result = await grader.grade_files(objects, objects.workspace.overlay(

@@ -210,12 +210,12 @@ class Grader:
             if task.digest not in self._isolations:
                 expected = await self.expected_tests(task)
                 tree = task.workspace.overlay(dict(task.solution.files))
-                run, _ = await self._run(task, tree, set(), [], isolation="process")
+                run, _ = await self._run(task, tree, set(), [], isolation="data")
                 problem = exchanges_data(run, expected)
                 self._isolations[task.digest] = (
                     ("shared", f"the reference solution across the boundary: {problem}")
                     if problem else
-                    ("process", "the reference solution passed every test with data only"))
+                    ("data", "the reference solution passed every test with data only"))
         return self._isolations[task.digest]
 
     async def _run(self, task: Task, tree: FileTree, flags: set[str], details: list[str],
@@ -250,7 +250,7 @@ class Grader:
         """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
         the same checks, without a new interpreter per grading."""
         grading = task.config.grading
-        separate = isolation == "process"
+        separate = isolation in ("process", "data")
         solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
         data = any(not path.endswith(".py") for path in task.tests)
         try:
@@ -263,7 +263,7 @@ class Grader:
             placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
                            canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
-                           sources=sources, isolation="process" if separate else "shared")
+                           sources=sources, isolation=isolation)
             if zygote.magic == MAGIC_NUMBER:  # it reads this interpreter's bytecode
                 plan.precompile(compiled_tests(task, spec.workdir, sources, not separate))
             files = [(p, tree[p], tree.mode(p)) for p in tree]

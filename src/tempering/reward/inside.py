@@ -22,6 +22,7 @@ Once configured, before any tested code runs, it:
   conftest files only from the hidden tests directory.
 """
 
+import builtins
 import contextlib
 import marshal
 import os
@@ -44,6 +45,7 @@ COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
 WITHIN = compiling.WITHIN
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
+SEPARATE = ("process", "data")  # the isolations with the tested code in a process of its own
 
 
 class _Fresh:
@@ -502,16 +504,21 @@ def within(item, container):
     return all(_honest(each) for each in items) and item in items
 
 
-def star(name, level):
+def star(name, level, wanted=None):
     """``from name import *`` in a hidden module (``inside_compile``'s ``star``): each name the
-    module exports (its ``__all__``, or its public names), bound in the hidden module unless it
-    is private or special to pytest (``setup_function``, ``pytestmark``, ``test*``), a module,
-    or a name the hidden module already binds to something else. A module that exports
-    ``pytest``, ``math`` or ``__builtins__`` of its own making would otherwise replace what
-    the test imported first, and a test would call the tested code's ``approx`` or ``sqrt``
-    with the expected value; a star-imported ``setup_function`` is handed every test."""
+    module exports (its ``__all__``, or its public names) that the hidden module reads and
+    binds nowhere itself and that is no builtin's (``wanted``, from its syntax), bound in the
+    hidden module unless it is private or special to pytest (``setup_function``,
+    ``pytestmark``, ``test*``), a module, or a name the hidden module already binds to
+    something else. A module that exports ``pytest``, ``math`` or ``__builtins__`` of its own
+    making would otherwise replace what the test imported first, and a test would call the
+    tested code's ``approx`` or ``sqrt`` with the expected value; a star-imported
+    ``setup_function`` is handed every test, a ``sorted`` computes a fixture's expected
+    value (the red team of round twenty-two)."""
     namespace = sys._getframe(1).f_globals
-    module = __import__(name, namespace, None, ("*",), level)
+    # The module itself (its leaf, for a dotted name), without the import system's own
+    # ``*`` handling, which would ask for every name it exports, wanted or not.
+    module = __import__(name, namespace, None, ("__name__",), level)
     names = getattr(module, "__all__", None)
     if names is None:
         names = [n for n in vars(module) if not n.startswith("_")]
@@ -519,7 +526,8 @@ def star(name, level):
         # Not a private or special name, nor one pytest would run: a star-imported
         # ``setup_function`` is called with each hidden test, a ``pytestmark`` marks them all.
         if type(each) is not str or each.startswith(("_", "test", "Test", "setup", "teardown",
-                                                     "pytest")):
+                                                     "setUp", "tearDown", "pytest")) \
+                or (wanted is not None and each not in wanted) or hasattr(builtins, each):
             continue
         value = getattr(module, each)
         if isinstance(value, type(sys)) or (each in namespace and namespace[each] is not value):
@@ -534,9 +542,27 @@ def load_hidden(path, name):
     if code is None:
         return None
     module = type(sys)(name)
-    sys.modules[name] = module
     _run_hidden(module, path, code)
     return module
+
+
+HIDDEN = []  # the hidden modules run in this process
+
+
+def unlist():
+    """Take every hidden module out of ``sys.modules``, and out of the modules
+    named as their parents (pytest's importlib mode binds ``tests.test_x`` in ``tests``): in
+    one process, the tested code would read a test's expected values, or rebind what it
+    imported, through them (the red team of round twenty-two)."""
+    hidden = set(map(id, HIDDEN))
+    for name, value in list(sys.modules.items()):
+        if id(value) not in hidden:
+            continue
+        del sys.modules[name]
+        parent, _, child = name.rpartition(".")
+        holder = sys.modules.get(parent) if parent else None
+        if holder is not None and id(vars(holder).get(child)) in hidden:
+            del vars(holder)[child]
 
 
 def _run_hidden(module, path, code):
@@ -548,8 +574,16 @@ def _run_hidden(module, path, code):
              HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within}
     module.__file__ = path
     module.__dict__.update(hooks)
+    HIDDEN.append(module)
+    # While it runs (and imports the tested code), no hidden module is in sys.modules, nor
+    # this one; the import system gets it back when it is done.
+    own = [name for name, value in list(sys.modules.items()) if value is module]
+    unlist()
     emit("loading", module=module)  # before its code runs: reading that code is seen
-    exec(code, module.__dict__)
+    try:
+        exec(code, module.__dict__)
+    finally:
+        sys.modules.update(dict.fromkeys(own, module))
     for name, hook in hooks.items():  # the tested code it imported could have swapped them
         if module.__dict__.get(name) is not hook:
             emit("audit", flag="runner_tampered", detail=f"the {name} of {path} was replaced",
@@ -593,9 +627,10 @@ def prepare(config, fd, pytest_hooks=False):
     """Guard this process; returns (workspace, tests). Nothing of the tested code ran yet."""
     workspace, tests = config["workspace"], config["tests"]
     codes = compiling.compile_hidden(config.pop("sources", {}), rewrite=pytest_hooks,
-                                     probes=config.get("isolation") != "process")
+                                     probes=config.get("isolation") not in SEPARATE)
     codes.update((path, marshal.loads(code))  # compiled by the host, for this interpreter
                  for path, code in config.pop("compiled", {}).items())
+    imported = [] if config.get("isolation") in SEPARATE else imports_of(codes.values())
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
@@ -605,7 +640,7 @@ def prepare(config, fd, pytest_hooks=False):
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
     # Across the process boundary nothing of the tested code's runs here: no integrity to
     # record and check before every outcome.
-    guard.alone = config.get("isolation") == "process"
+    guard.alone = config.get("isolation") in SEPARATE
     _frameless_signals(type(guard).__call__.__code__)
     _audited_refcounts()
     del guard  # from here on, only audit events reach it
@@ -614,16 +649,66 @@ def prepare(config, fd, pytest_hooks=False):
                    if getattr(f, "__name__", "") == "PathFinder"), len(sys.meta_path))
     sys.meta_path.insert(finder, HiddenFinder(tests.rstrip("/")))
     os.chdir(workspace)
-    if config.get("isolation") == "process":
+    if config.get("isolation") in SEPARATE:
         if not SOLVER:
             raise RuntimeError("process isolation, and no solver was forked")
-        boundary_module.install(SOLVER[0], workspace, tests)  # the workspace's modules
+        boundary_module.install(SOLVER[0], workspace, tests,  # the workspace's modules
+                                only_data=config.get("isolation") == "data")
         sys.path.append(tests)
     else:
         for sock in SOLVER:  # not needed: it ends when its socket does
             sock.close()
         sys.path.extend([tests, workspace])
+        preload(imported, workspace, tests)
     return workspace, tests
+
+
+def imports_of(codes):
+    """The absolute imports in the hidden tests' compiled ``codes`` (at any depth), as
+    (module, names it imports from it)."""
+    import dis
+
+    found, stack = {}, [c for c in codes if type(c) is type(prepare.__code__)]
+    while stack:
+        code = stack.pop()
+        stack += [c for c in code.co_consts if type(c) is type(code)]
+        consts, module = [], None  # LOAD_CONST level, LOAD_CONST names, IMPORT_NAME
+        for ins in dis.get_instructions(code):
+            op = ins.opname
+            if op == "IMPORT_NAME":
+                module = ins.argval if len(consts) == 2 and consts[0] == 0 else None
+                if module is not None:
+                    found.setdefault(module, set())
+            elif op == "IMPORT_FROM" and module is not None:
+                found[module].add(ins.argval)
+            elif not op.startswith("STORE_"):  # binding what it imported, between the names
+                module = None
+            consts = [*consts[-1:], ins.argval] if op == "LOAD_CONST" else []
+    return found
+
+
+def preload(imported, workspace, tests):
+    """Import now, before the seal, each module the hidden tests import that is neither the
+    tested code's nor theirs (``statistics``, ``json``): the integrity record then holds it,
+    and the tested code that replaces its ``median`` (the tests' oracle) is seen doing so. A
+    module loaded only later, by the tests, would be recorded by nobody (the red team of
+    round twenty-two). One that fails to import is left for the test to fail on."""
+    import importlib
+    import importlib.util
+
+    for name, names in imported.items():
+        try:
+            spec = importlib.util.find_spec(name.partition(".")[0])
+            places = [spec.origin or "", *(spec.submodule_search_locations or [])]
+            if any(p.startswith((workspace.rstrip("/") + "/", tests.rstrip("/") + "/"))
+                   for p in places):
+                continue
+            module = importlib.import_module(name)
+            for each in names:  # ``from xml import etree``: a submodule
+                if hasattr(module, "__path__") and not hasattr(module, each):
+                    importlib.import_module(f"{name}.{each}")
+        except Exception:  # noqa: BLE001 - the test's own import will say why
+            continue
 
 
 def _audited_refcounts():
@@ -685,6 +770,7 @@ class Report:
                    message=_exact(report.longrepr)[-1500:])
 
     def pytest_collection_finish(self, session):
+        unlist()  # pytest holds the modules it collected; nobody else need find them
         emit("hooks", pluginmanager=session.config.pluginmanager)  # as they run the tests
         emit("collected", ids=[_exact(item.nodeid) for item in session.items])
 
@@ -757,17 +843,16 @@ def run_tests(config, fd):
     import pytest
     from _pytest import config as pytest_config
     from _pytest import python as pytest_python
-    from _pytest.pathlib import import_path, insert_missing_modules, module_name_from_path
+    from _pytest.pathlib import import_path, module_name_from_path
 
     workspace, tests = prepare(config, fd, pytest_hooks=True)
     plugin = Report()
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
         name = module_name_from_path(path, root) if root is not None else path.stem
-        module = load_hidden(str(path), name)
+        module = load_hidden(str(path), name)  # in no sys.modules entry, no parent (unlist)
         if module is None:
             return import_path(path, mode=mode, root=root, **kwargs)
-        insert_missing_modules(sys.modules, name)
         return module
 
     pytest_python.import_path = import_hidden
@@ -824,6 +909,7 @@ def run_plain(config, fd):
                         items.append((f"{rel}::{name}::{method}",
                                       lambda cls=value, m=method: getattr(cls(), m)()))
     emit("collected", ids=[item_id for item_id, _ in items])
+    unlist()
     for item_id, function in [] if config.get("collect_only") else items:
         emit("begin", id=item_id)
         try:

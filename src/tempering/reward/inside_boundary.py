@@ -9,12 +9,16 @@ only ever runs there. The hidden tests import the workspace's modules as proxies
 (``BoundaryFinder``); a call goes over a socket, and what comes back is **data**: the builtin
 kinds (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,
 frozenset, range), decoded here from JSON into exact builtin values, which the test's own
-``==`` compares. An object of another kind comes back as a handle (``Remote``) whose
+``==`` compares. With ``grading.isolation = "data"`` that is all that comes back: modules,
+functions and classes of the tested code's arrive as handles that can only be called (and
+their attributes read), and an object of another kind is refused (the test waiting on it
+fails). With ``process``, such an object comes back as a handle (``Remote``) whose
 operations go back to the solver; mixed with data it is first had as a value of the data's
-kind (asked once per kind, then fixed), so no answer of the tested code's is ever a verdict
-on a value it has not seen. Exceptions come back as the builtin exception (or a stand-in class
-for one of the tested code's, a subclass of the same builtin), with its message. A callable
-the test passes (a key function, a class) is called back here, with data.
+kind, asked anew each time (a mutable object's value may change between two asks), so no
+answer of the tested code's is ever a verdict on a value it has not seen; but what it says
+it is may differ from one ask to the next. Exceptions come back as the builtin exception (or
+a stand-in class for one of the tested code's, a subclass of the same builtin), with its
+message. A callable the test passes (a key function, a class) is called back here, with data.
 
 What the solver can do is answer, wrongly or not: it sees the arguments and nothing else (no
 frame, no expected value, no report channel, no key; on the zygote path the tests directory is
@@ -511,6 +515,7 @@ class Boundary:
         self.local = {}  # number: a callable of the test's, called back
         self.local_numbers = {}
         self.objects = self.refused = 0  # handles of instances made; values refused
+        self.only_data = False  # grading.isolation = "data": no handle of an instance
     def start(self):
         send(self.sock, ["go"])
 
@@ -562,6 +567,10 @@ class Boundary:
             made = _stand_in(name, module, bases, number)
         elif kind == "module":
             made = RemoteModule(self, number, name)
+        elif kind == "object" and self.only_data:
+            self.refused += 1
+            raise TypeError(f"the tested code answered with a {name}, which is not data: with "
+                            "grading.isolation = 'data' only data comes back from it")
         else:
             made = Remote(self, number, kind, name)
             self.objects += kind == "object"
@@ -921,6 +930,43 @@ for _op in BINARY:
         setattr(Remote, f"__r{_op}__", _binary(_op, reflected=True))
 del _op
 
+# What a handle can do when only data crosses: be called, and have its attributes read (a
+# class's constants, a function's name). Everything else would ask the tested code what its
+# object is worth, which it could answer one way, then another; the solver's word that the
+# object is a function is no more than its word.
+_CALLABLE_ONLY = {"__getattr__", "__setattr__", "__delattr__", "__call__", "__dir__",
+                  "__init__", "_ask", "_had", "__repr__", "__str__"}
+
+
+def _only_called(name, method):
+    def gate(self, *args):
+        if object.__getattribute__(self, "_boundary").only_data:
+            raise TypeError(f"the tested code's {object.__getattribute__(self, '_kind')} "
+                            f"{object.__getattribute__(self, '_name')} can only be called "
+                            "(grading.isolation = 'data')")
+        return method(self, *args)
+
+    gate.__name__ = name
+    return gate
+
+
+def _told(kind):
+    def text(self):
+        if object.__getattribute__(self, "_boundary").only_data:
+            return (f"<the tested code's {object.__getattribute__(self, '_kind')} "
+                    f"{object.__getattribute__(self, '_name')}>")
+        return self._ask(kind)
+
+    text.__name__ = f"__{kind}__"
+    return text
+
+
+for _name, _method in list(vars(Remote).items()):
+    if callable(_method) and _name.startswith("__") and _name not in _CALLABLE_ONLY:
+        setattr(Remote, _name, _only_called(_name, _method))
+Remote.__repr__, Remote.__str__ = _told("repr"), _told("str")
+del _name, _method
+
 
 class RemoteModule(type(sys)):
     """A module of the workspace, held in the tested code's process."""
@@ -995,9 +1041,12 @@ def _compiled(base):
         return False
 
 
-def install(sock, workspace, tests):
-    """The launcher's side: the finder for the workspace's modules, then the solver's start."""
+def install(sock, workspace, tests, only_data=False):
+    """The launcher's side: the finder for the workspace's modules, then the solver's start.
+    ``only_data``: no handle of the tested code's objects but its modules, functions and
+    classes, which can only be called (``grading.isolation = "data"``)."""
     boundary = Boundary(sock)
+    boundary.only_data = only_data
     boundary.tests = tests.rstrip("/") + "/"
     INSTALLED.append(boundary)
     sys.meta_path.append(BoundaryFinder(boundary, workspace))

@@ -26,13 +26,13 @@ MATCHERS = frozenset({"ANY", "approx"})
 
 
 def instrument(tree, calls=True, text=None, probes=True):
-    """Probe each asserted equality in the test's own frame (``equality``), wrap the other
-    asserted comparisons' non-literal operands in ``PROBE``, and with ``calls`` the compared
-    arguments of unittest's and numpy's equality assertions too; mark each ``test*`` function's
-    start (``ENTER``) and normal exits (``DONE``). Only statements are walked for assertions (no
-    expression holds one), and each new node is placed where the node it stands in for is, so
-    the tree is never walked whole unless ``calls``. With the file's ``text``, an operand is
-    looked into for a matcher only if the text names one. Without ``probes`` (the tested code
+    """Probe each asserted equality in the test's own frame (``equality``), wrap the operands
+    of every other comparison in the file (``Compares``: in an ``and``, an ``all(...)``, an
+    assignment) in ``PROBE``, and with ``calls`` the compared arguments of unittest's and
+    numpy's equality assertions too; mark each ``test*`` function's start (``ENTER``) and
+    normal exits (``DONE``). Each new node is placed where the node it stands in for is. With
+    the file's ``text``, an operand is looked into for a matcher only if the text names one.
+    Without ``probes`` (the tested code
     in a process of its own, where every operand is data or a proxy of ours), the assertions
     are left as they are: only the marks and star imports are rewritten."""
     import ast
@@ -103,6 +103,8 @@ def instrument(tree, calls=True, text=None, probes=True):
                 elif numeric(node.left) and not literal(node.right):
                     node.right = helper(NUMBER, node.right, node.right, copy(node.left))
 
+    handled = set()  # the comparisons an assertion's own rewriting made or took (by id)
+
     def assertion(node):
         """The statements an ``assert`` becomes."""
         arithmetic(node.test)
@@ -112,6 +114,7 @@ def instrument(tree, calls=True, text=None, probes=True):
         kind = COMPARE_OPS.get(type(test.ops[0]).__name__)
         if kind is None:
             return [node]
+        handled.add(id(test))
         left, right = test.left, test.comparators[0]
         equal = type(test.ops[0]).__name__ == "Eq"
         if equal and not (literal(left) and literal(right)):
@@ -155,9 +158,11 @@ def instrument(tree, calls=True, text=None, probes=True):
             if not probed:
                 continue
             asked = f"_tempering_o{n}"
+            compared = at(ast.Compare(left=name(mine, node), ops=[ast.Eq()],
+                                      comparators=[name(asked, node)]), node)
+            handled.add(id(compared))
             found = at(ast.If(
-                test=at(ast.Compare(left=name(mine, node), ops=[ast.Eq()],
-                                    comparators=[name(asked, node)]), node),
+                test=compared,
                 body=[assign(said, helper(CLAIM, node, name(mine, node), name(asked, node),
                                           name(theirs, node), name(said, node)), node)],
                 orelse=[]), node)
@@ -167,6 +172,7 @@ def instrument(tree, calls=True, text=None, probes=True):
                                   body=[found], orelse=[]), node))
         node.test = at(ast.Compare(left=name(a, node), ops=[ast.Eq()],
                                    comparators=[name(b, node)]), node.test)
+        handled.add(id(node.test))
         out.append(node)
         out.append(at(ast.Expr(helper(HELD, node, name(a, node), name(b, node),
                                       name(said_a, node), name(said_b, node),
@@ -194,16 +200,44 @@ def instrument(tree, calls=True, text=None, probes=True):
             out += assertion(stmt) if probes and isinstance(stmt, ast.Assert) else [star(stmt)]
         return out
 
+    wanted = []  # what a star import may bind here (``wanted_names``), worked out once
+
     def star(stmt):
-        """``from m import *`` as ``STAR("m", level)``: the launcher's import of every name
-        ``m`` exports, except those the module already binds (``import pytest`` first) and
-        modules (a ``math`` of the tested code's): what the test imported itself stays its."""
+        """``from m import *`` as ``STAR("m", level, names)``: the launcher's import of the
+        names ``m`` exports that this module reads and binds nowhere itself, and that are no
+        builtin's (``wanted_names``): what the test binds or imports itself stays its own, and
+        a ``sorted`` or ``abs`` of the tested code's never stands in for the builtin."""
         if not (isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["*"]):
             return stmt
+        if not wanted:
+            wanted.append(tuple(sorted(wanted_names(tree))))
         call = at(ast.Call(at(ast.Name(STAR, ast.Load()), stmt),
                            [at(ast.Constant(stmt.module or ""), stmt),
-                            at(ast.Constant(stmt.level), stmt)], []), stmt)
+                            at(ast.Constant(stmt.level), stmt),
+                            at(ast.Constant(wanted[0]), stmt)], []), stmt)
         return at(ast.Expr(call), stmt)
+
+    class Compares(ast.NodeTransformer):
+        """Every other comparison in the hidden code (inside ``and``, ``all(...)``, a
+        comprehension, an assignment a later ``assert`` reads, an ``if``): each operand (not
+        a literal, not a matcher) probed (``PROBE``), and ``x in obj`` had as data first
+        (``WITHIN``): an object's ``__eq__`` or ``__contains__`` that says yes to anything is
+        asked by the probe before its answer counts, wherever the comparison is."""
+
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if id(node) in handled or len(node.ops) != 1:
+                return node
+            op = type(node.ops[0]).__name__
+            left, right = node.left, node.comparators[0]
+            if op in ("Eq", "NotEq"):
+                node.left, node.comparators = wrap(left, "eq", right), [wrap(right, "eq", left)]
+            elif op in ("Lt", "LtE", "Gt", "GtE"):
+                node.left, node.comparators = wrap(left, "order"), [wrap(right, "order")]
+            elif op in ("In", "NotIn"):
+                found = helper(WITHIN, node, wrap(left, "eq"), right)
+                return found if op == "In" else at(ast.UnaryOp(ast.Not(), found), node)
+            return node
 
     class Calls(ast.NodeVisitor):
         def visit_Call(self, node):
@@ -239,6 +273,8 @@ def instrument(tree, calls=True, text=None, probes=True):
         return found
 
     tree.body = statements(tree.body)
+    if probes:
+        Compares().visit(tree)
     if calls and probes:
         Calls().visit(tree)
     for node in functions(tree.body, []):  # a runner collects test*: each says it began and
@@ -248,6 +284,44 @@ def instrument(tree, calls=True, text=None, probes=True):
                          and isinstance(body[0].value.value, str))
             node.body = body[:docstring] + [mark(ENTER, body[0])] + body[docstring:]
     return tree
+
+
+def wanted_names(tree):
+    """The names a star import may bind in the module ``tree``: those it reads (anywhere)
+    that no statement of its binds at module level (an assignment, a ``def`` or ``class``, an
+    import, a ``global`` in a function) and that are no builtin's."""
+    import ast
+    import builtins
+
+    read, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.Global):
+            bound.update(node.names)
+    for stmt in module_level(tree.body):
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(stmt.name)
+        elif isinstance(stmt, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).partition(".")[0] for a in stmt.names
+                         if a.name != "*")
+    return read - bound - set(vars(builtins))
+
+
+def module_level(body):
+    """The statements of ``body`` and of the blocks in it (``if``, ``try``, ``with``,
+    ``for``...) that run at module level: not those inside a function or class."""
+    import ast
+
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for part in getattr(stmt, field, None) or ():
+                yield from module_level(getattr(part, "body", None) or [part]) \
+                    if isinstance(part, ast.excepthandler | ast.match_case) \
+                    else module_level([part])
 
 
 def compile_hidden(sources: dict[str, bytes], rewrite: bool,

@@ -44,7 +44,7 @@ def by_syntax(task: Task, *, hides_tests: bool = True) -> tuple[str, str]:
     process a view without the tests directory (the zygote's can; a sandbox of its own cannot,
     and there the hidden tests' data files would be readable by it, as they are to a
     subprocess: ``auto`` keeps such tasks in one process, where the guard sees the tested code
-    read them). ``process`` here is a candidate: ``Grader.isolation`` also asks the reference
+    read them). ``data`` here is a candidate: ``Grader.isolation`` also asks the reference
     solution (``exchanges_data``)."""
     wanted = task.config.grading.isolation
     if wanted != "auto":
@@ -83,7 +83,7 @@ def _auto(task: Task) -> tuple[str, str]:
         why = reaches_in(tree)
         if why:
             return "shared", f"{path}: {why}"
-    return "process", "the hidden tests only call the tested code and look at what it gives"
+    return "data", "the hidden tests only call the tested code and look at what it gives"
 
 
 def reaches_in(tree: ast.AST) -> str:

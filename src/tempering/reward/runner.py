@@ -98,8 +98,8 @@ class Launcher:
                   isolation: str = "shared") -> TestRun:
         """Write the hidden ``tests`` (``hidden_files``: placeholders on the disk, the Python
         files' text for the launcher) and the canaries last, seal them, configure the
-        launcher, and collect its checked report. ``isolation="process"``: the tested code
-        runs in a process of its own (``inside_boundary.py``), forked before the
+        launcher, and collect its checked report. ``isolation="process"`` or ``"data"``: the tested
+        code runs in a process of its own (``inside_boundary.py``), forked before the
         configuration is read."""
         workdir = self.sb.spec.workdir
         placeholders, sources = hidden_files(tests, tests_dir, workdir)
@@ -109,7 +109,7 @@ class Launcher:
                        runner=self.runner, sources=sources, isolation=isolation)
         await self.sb.write_file(plan.canary_path, b"")
         await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
-        first = f"process {workdir}" if isolation == "process" else "shared"
+        first = f"process {workdir}" if isolation in ("process", "data") else "shared"
         await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
@@ -184,7 +184,7 @@ class RunPlan:
         sources = dict(self.sources)
         codes = {path: compiled[path] for path in sources if path in compiled}
         canary_path = f"{self.config['workspace']}/{self.canary_path}"
-        probes = self.config.get("isolation") != "process"
+        probes = self.config.get("isolation") not in ("process", "data")
         filled = canary_code(self.canary, canary_path, probes)
         if filled is not None:
             codes[canary_path] = filled

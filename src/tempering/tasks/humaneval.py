@@ -61,10 +61,11 @@ def humaneval_task(problem: dict[str, str], *, timeout_s: float = 20.0) -> Task:
                       description=f"complete {problem['entry_point']}() in solution.py"),
         sandbox=SANDBOX,
         # The tests call a function and compare what it returns with data: graded across the
-        # process boundary (every canonical solution passes so, tests/reward/test_boundary.py).
+        # process boundary, only data crossing (every canonical solution passes so,
+        # tests/reward/test_boundary.py).
         grading=GradingConfig(command="python3 -m pytest tests", runner="plain",
                               timeout_s=timeout_s, scoring="all", expected_tests=1,
-                              isolation="process"),
+                              isolation="data"),
     )
     instruction = ("Complete the function `{}` in `solution.py` so that it does what its "
                    "docstring says. Keep its name and signature.".format(problem["entry_point"]))

@@ -80,13 +80,15 @@ class GradingConfig(_Model):
     protected: list[str] = []
     """Glob patterns (or directories, ``data/``) the agent may not change: its edits there are
     dropped and flagged. The hidden tests directory is always protected."""
-    isolation: Literal["auto", "process", "shared"] = "auto"
-    """``process``: the tested code runs in a process of its own, and what it returns to the
-    hidden tests crosses as data (``reward/inside_boundary.py``): nothing in it can reach the
-    tests' frames, their expected values or the runner, or make an assertion lie. ``shared``:
-    one process, guarded and probed (what tests that patch the tested code, read its logs or
-    warnings, or pass it objects of their own need). ``auto``: ``process`` unless the hidden
-    tests do one of those things (``reward/isolation.py``)."""
+    isolation: Literal["auto", "data", "process", "shared"] = "auto"
+    """``data``: the tested code runs in a process of its own, and only data comes back from
+    it (``reward/inside_boundary.py``): nothing in it can reach the tests' frames, their
+    expected values or the runner, or make an assertion lie; an object of its own classes is
+    refused. ``process``: the same process of its own, but its objects come back as handles
+    (the tests' operations on them go to it). ``shared``: one process, guarded and probed
+    (what tests that patch the tested code, read its logs or warnings, or pass it objects of
+    their own need). ``auto``: ``data`` where the hidden tests' syntax allows it and the
+    reference solution passes so, else ``shared`` (``reward/isolation.py``)."""
     allow_binaries: bool = False
     """Whether compiled modules the agent leaves (``*.so``, ``*.pyd``: Python imports them
     before a ``.py`` of the same name) reach the grading sandbox. Off, they are dropped with
