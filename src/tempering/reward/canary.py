@@ -39,8 +39,8 @@ class Canaries:
     # The id of the hidden test the failing canary is a mutant of (None for a plain failing
     # canary): an honest wrong answer can equal the mutant's literal where it fails that test.
     mutant_of: str | None = None
-    # For a mutant: (its template, the failing test's name, the changed literal, the passing
-    # test's name, its number), what ``text`` was filled in from (``runner.canary_code``).
+    # (its template, the failing test's name, the changed literal, the passing test's name,
+    # its number): what ``text`` was filled in from (``runner.canary_code``).
     parts: tuple[str, str, object, str, int] | None = None
 
 
@@ -100,9 +100,11 @@ def make(sources: Mapping[str, bytes], workdir: str, tests_dir: str, imports: st
     while breaks == holds:
         breaks = f"{breaks}_{rng.choice(WORDS)}"
     b = secrets.randbelow(1 << 30) + (1 << 30)
-    breaking = f"def {breaks}():\n    assert {a} == {b}\n"
-    first, second = (passing, breaking) if rng.random() < 0.5 else (breaking, passing)
-    return Canaries(path, f"{imports}\n\n{first}\n\n{second}", holds, breaks)
+    # A template like a mutant's (the hidden tests' imports, then a failing test), so that
+    # the host compiles it once per suite, not once per grading (``runner.canary_code``).
+    template = f"{imports}\n\ndef {_NAME}():\n    assert 0 == {_LITERAL}\n"
+    return Canaries(path, f"{fill(template, breaks, b)}\n\n\n{passing}", holds, breaks,
+                    parts=(template, breaks, b, holds, a))
 
 
 def fill(template: str, name: str, literal: object) -> str:

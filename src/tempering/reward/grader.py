@@ -366,7 +366,12 @@ def _canary_imports(task: Task) -> str:
         for node in tree.body:
             if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0:
                 lines[ast.unparse(node)] = None
-    return "".join(f"try:\n    {line}\nexcept BaseException:\n    pass\n" for line in lines)
+    # ``from __future__`` must come first, and cannot be guarded (a canary file that does not
+    # compile would be taken for a tampered runner).
+    future = [line for line in lines if line.startswith("from __future__ ")]
+    return "".join(f"{line}\n" for line in future) + "".join(
+        f"try:\n    {line}\nexcept BaseException:\n    pass\n" for line in lines
+        if line not in future)
 
 
 def _test_results(run: TestRun, expected: int) -> list[TestResult]:

@@ -42,7 +42,7 @@ hidden_code = guard_module.hidden_code
 PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
 COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
-WITHIN = compiling.WITHIN
+WITHIN, BOUND = compiling.WITHIN, compiling.BOUND
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
 SEPARATE = ("process", "data")  # the isolations with the tested code in a process of its own
@@ -485,6 +485,15 @@ def enter():
     emit("enter")
 
 
+def bound(names):
+    """Called by the instrumentation after each module-level statement of a hidden module
+    (``inside_compile.bind_checked``), with the names it binds: the guard checks that nothing
+    else of the module's namespace changed since the last statement, and that the caller is
+    that module's own code."""
+    frame = sys._getframe(1)
+    emit("bound", space=frame.f_globals, names=names, caller=frame.f_code)
+
+
 def within(item, container):
     """``assert item in container`` (``inside_compile``): for a data ``item`` and a container
     that is no builtin one (an object of the tested code's, whose ``__contains__`` could say
@@ -542,26 +551,30 @@ def load_hidden(path, name):
     if code is None:
         return None
     module = type(sys)(name)
+    sys.modules[name] = module  # while it runs, as any module (dataclasses look it up there)
     _run_hidden(module, path, code)
     return module
 
 
-HIDDEN = []  # the hidden modules run in this process
+# The hidden modules run in this process, as id: path. Ids, not the modules: a list of them
+# here would be one more place the tested code could find them (round twenty-three).
+HIDDEN = {}
 
 
-def unlist():
-    """Take every hidden module out of ``sys.modules``, and out of the modules
-    named as their parents (pytest's importlib mode binds ``tests.test_x`` in ``tests``): in
-    one process, the tested code would read a test's expected values, or rebind what it
-    imported, through them (the red team of round twenty-two)."""
-    hidden = set(map(id, HIDDEN))
+def unlist(loading=None):
+    """Take every hidden module (but the one ``loading`` now) out of ``sys.modules``, and out
+    of the modules named as their parents (pytest's importlib mode binds ``tests.test_x`` in
+    ``tests``): in one process, the tested code would read a test's expected values through
+    them (the red team of round twenty-two)."""
+    hidden = {number for number in HIDDEN if number != id(loading)}
     for name, value in list(sys.modules.items()):
-        if id(value) not in hidden:
+        if id(value) not in hidden or type(value) is not type(sys) or \
+                vars(value).get("__file__") != HIDDEN[id(value)]:
             continue
         del sys.modules[name]
         parent, _, child = name.rpartition(".")
         holder = sys.modules.get(parent) if parent else None
-        if holder is not None and id(vars(holder).get(child)) in hidden:
+        if type(holder) is type(sys) and id(vars(holder).get(child)) in hidden:
             del vars(holder)[child]
 
 
@@ -571,19 +584,17 @@ def _run_hidden(module, path, code):
     if isinstance(code, BaseException):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
-             HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within}
+             HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within,
+             BOUND: bound}
     module.__file__ = path
     module.__dict__.update(hooks)
-    HIDDEN.append(module)
-    # While it runs (and imports the tested code), no hidden module is in sys.modules, nor
-    # this one; the import system gets it back when it is done.
-    own = [name for name, value in list(sys.modules.items()) if value is module]
-    unlist()
+    HIDDEN[id(module)] = path
+    # While it runs (and imports the tested code), no other hidden module is in sys.modules;
+    # this one is, as any module is while it runs, and the guard sees to it that nothing but
+    # its own statements bind its names (``inside_compile``'s ``BOUND``).
+    unlist(loading=module)
     emit("loading", module=module)  # before its code runs: reading that code is seen
-    try:
-        exec(code, module.__dict__)
-    finally:
-        sys.modules.update(dict.fromkeys(own, module))
+    exec(code, module.__dict__)
     for name, hook in hooks.items():  # the tested code it imported could have swapped them
         if module.__dict__.get(name) is not hook:
             emit("audit", flag="runner_tampered", detail=f"the {name} of {path} was replaced",
@@ -634,7 +645,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
-    guard.allow(_lie, done, enter, load_hidden, _run_hidden, HiddenFinder.find_spec,
+    guard.allow(_lie, done, enter, bound, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
     if pytest_hooks:
         guard.allow(*HOOKS, hooks=True)  # only when pytest's hook machinery calls them
@@ -664,8 +675,8 @@ def prepare(config, fd, pytest_hooks=False):
 
 
 def imports_of(codes):
-    """The absolute imports in the hidden tests' compiled ``codes`` (at any depth), as
-    (module, names it imports from it)."""
+    """The absolute imports in the hidden tests' compiled ``codes`` (at any depth), and the
+    standard modules they name in strings, as (module, names it imports from it)."""
     import dis
 
     found, stack = {}, [c for c in codes if type(c) is type(prepare.__code__)]
@@ -684,7 +695,18 @@ def imports_of(codes):
             elif not op.startswith("STORE_"):  # binding what it imported, between the names
                 module = None
             consts = [*consts[-1:], ins.argval] if op == "LOAD_CONST" else []
+            named = ins.argval if op == "LOAD_CONST" and type(ins.argval) is str else ""
+            if named.partition(".")[0] in _NAMED_MODULES and all(
+                    part.isidentifier() for part in named.split(".")):
+                found.setdefault(named, set())  # importlib.import_module("statistics")
     return found
+
+
+# The standard modules a hidden test may name in a string (``importlib.import_module``,
+# ``pytest.importorskip``): preloaded as if imported (round twenty-three). Not those that
+# do something when imported, or open a display.
+_NAMED_MODULES = frozenset(sys.stdlib_module_names) - {
+    "this", "antigravity", "idlelib", "turtle", "turtledemo", "tkinter", "test", "__main__"}
 
 
 def preload(imported, workspace, tests):
@@ -769,10 +791,36 @@ class Report:
             emit("collect_error", id=_exact(report.nodeid),
                    message=_exact(report.longrepr)[-1500:])
 
+    shared = True  # the tested code is in this process
+
     def pytest_collection_finish(self, session):
         unlist()  # pytest holds the modules it collected; nobody else need find them
+        if self.shared:  # and no global of pytest's holds the config, which holds them
+            mark = sys.modules.get("_pytest.mark.structures")
+            if mark is not None:
+                mark.MARK_GEN._config = None
         emit("hooks", pluginmanager=session.config.pluginmanager)  # as they run the tests
         emit("collected", ids=[_exact(item.nodeid) for item in session.items])
+
+    def _configless(self, item):
+        """In one process, what pytest's assertion plugin sets for the test's assertion
+        messages (``util._config``, the item's own ``_reprcompare``) is a way from any module
+        to the config, the session and every collected item, their modules and parameters
+        among them (the red team of round twenty-three): off while the test runs, at the cost
+        of the detailed comparison in a failure's message."""
+        if self.shared:
+            util = sys.modules.get("_pytest.assertion.util")
+            if util is not None:
+                util._config = util._reprcompare = None
+
+    def pytest_runtest_setup(self, item):
+        self._configless(item)
+
+    def pytest_runtest_call(self, item):
+        self._configless(item)
+
+    def pytest_runtest_teardown(self, item):
+        self._configless(item)
 
     def pytest_runtest_logstart(self, nodeid, location):
         emit("begin", id=_exact(nodeid))
@@ -832,7 +880,8 @@ def _tryfirst(plugin_class):
     import pytest
 
     for name in ("pytest_runtest_logreport", "pytest_runtest_logstart", "pytest_collectreport",
-                 "pytest_collection_finish"):
+                 "pytest_collection_finish", "pytest_runtest_setup", "pytest_runtest_call",
+                 "pytest_runtest_teardown"):
         setattr(plugin_class, name, pytest.hookimpl(tryfirst=True)(getattr(plugin_class, name)))
     # Sealed last at the session's start: pytest's own plugins have registered by then.
     plugin_class.pytest_sessionstart = pytest.hookimpl(trylast=True)(
@@ -847,6 +896,7 @@ def run_tests(config, fd):
 
     workspace, tests = prepare(config, fd, pytest_hooks=True)
     plugin = Report()
+    plugin.shared = config.get("isolation") not in SEPARATE
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
         name = module_name_from_path(path, root) if root is not None else path.stem
@@ -956,7 +1006,8 @@ def run_verifier(config, fd):
 HOOKS = (Report.pytest_sessionstart, Report.pytest_collectreport,
          Report.pytest_collection_finish, Report.pytest_runtest_logstart,
          Report.pytest_runtest_logreport, Report.pytest_runtest_logfinish,
-         Report.pytest_sessionfinish)
+         Report.pytest_sessionfinish, Report.pytest_runtest_setup, Report.pytest_runtest_call,
+         Report.pytest_runtest_teardown)
 
 
 def _line(fd):

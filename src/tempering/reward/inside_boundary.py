@@ -58,22 +58,25 @@ def send(sock, message):
 
 
 def receive(sock):
-    head = _exactly(sock, 4)
+    head = exactly(sock, 4)
     size = struct.unpack("=I", head)[0]
     if size > LIMIT:
         raise BoundaryError(f"a message of {size} bytes is over the limit of {LIMIT}")
     try:
-        return json.loads(_exactly(sock, size))
+        return json.loads(exactly(sock, size))
     except (ValueError, RecursionError) as exc:
         raise BoundaryError(f"an unreadable message: {exc}") from None
 
 
-def _exactly(sock, size):
+def exactly(sock, size):
+    """``size`` bytes from the stream or datagram socket ``sock`` (a message that may not fit
+    one read: a value across the boundary, the zygote's configuration)."""
     parts, got = [], 0
     while got < size:
         part = sock.recv(min(size - got, 1 << 20))
         if not part:
-            raise BoundaryError("the tested code's process ended")
+            raise BoundaryError("the other end closed the socket mid-message (the tested "
+                                "code's process ended, or the host)")
         parts.append(part)
         got += len(part)
     return b"".join(parts)

@@ -21,7 +21,7 @@ DONE = "__tempering_done__"
 ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
 COMMIT, NUMBER = "__tempering_commit__", "__tempering_number__"
-STAR, WITHIN = "__tempering_star__", "__tempering_within__"
+STAR, WITHIN, BOUND = "__tempering_star__", "__tempering_within__", "__tempering_bound__"
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -226,8 +226,10 @@ def instrument(tree, calls=True, text=None, probes=True):
 
         def visit_Compare(self, node):
             self.generic_visit(node)
-            if id(node) in handled or len(node.ops) != 1:
+            if id(node) in handled:
                 return node
+            if len(node.ops) > 1:  # ``2.49 < f(x) < 2.51``: each operand, as its ops ask
+                return chained(node)
             op = type(node.ops[0]).__name__
             left, right = node.left, node.comparators[0]
             if op in ("Eq", "NotEq"):
@@ -238,6 +240,18 @@ def instrument(tree, calls=True, text=None, probes=True):
                 found = helper(WITHIN, node, wrap(left, "eq"), right)
                 return found if op == "In" else at(ast.UnaryOp(ast.Not(), found), node)
             return node
+
+    def chained(node):
+        ops = [type(op).__name__ for op in node.ops]
+        operands = [node.left, *node.comparators]
+        wrapped = []
+        for i, operand in enumerate(operands):
+            near = ops[max(i - 1, 0):i + 1]
+            kind = "eq" if {"Eq", "NotEq"} & set(near) else \
+                "order" if {"Lt", "LtE", "Gt", "GtE"} & set(near) else None
+            wrapped.append(wrap(operand, kind) if kind else operand)
+        node.left, node.comparators = wrapped[0], wrapped[1:]
+        return node
 
     class Calls(ast.NodeVisitor):
         def visit_Call(self, node):
@@ -275,6 +289,7 @@ def instrument(tree, calls=True, text=None, probes=True):
     tree.body = statements(tree.body)
     if probes:
         Compares().visit(tree)
+        tree.body = bind_checked(tree.body, mark)
     if calls and probes:
         Calls().visit(tree)
     for node in functions(tree.body, []):  # a runner collects test*: each says it began and
@@ -284,6 +299,63 @@ def instrument(tree, calls=True, text=None, probes=True):
                          and isinstance(body[0].value.value, str))
             node.body = body[:docstring] + [mark(ENTER, body[0])] + body[docstring:]
     return tree
+
+
+def bind_checked(body, mark):
+    """``body`` (a module's statements) with ``BOUND(names)`` after each: the guard then
+    checks that the module's namespace changed only in the names that statement binds (its
+    assignments, ``def``, ``class``, imports, a star import's names, ``global`` names of its
+    functions): in one process, the tested code that the module imports could otherwise
+    rebind what the module bound before (its ``math``, its expected values) while it loads
+    (round twenty-three). The docstring and ``__future__`` imports come first, unchecked."""
+    import ast
+
+    declared = {n for stmt in body for node in ast.walk(stmt) if isinstance(node, ast.Global)
+                for n in node.names}
+    out, pending = [], set()
+    for index, stmt in enumerate(body):
+        out.append(stmt)
+        pending |= bound_by(stmt)
+        if isinstance(stmt, ast.Expr) and index == 0 and isinstance(stmt.value, ast.Constant):
+            pending.add("__doc__")
+            continue
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            continue
+        call = mark(BOUND, stmt)
+        call.value.args = [ast.Constant(tuple(sorted(pending | declared)))]
+        ast.copy_location(call.value.args[0], stmt)
+        out.append(call)
+        pending = set()
+    return out
+
+
+def bound_by(stmt):
+    """The names a module-level statement binds in the module (not in the functions or
+    classes it defines)."""
+    import ast
+
+    names, stack = set(), [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            stack += [*node.decorator_list, *getattr(node, "bases", ()),
+                      *(k.value for k in getattr(node, "keywords", ()))]
+            if not isinstance(node, ast.ClassDef):
+                stack += [*node.args.defaults, *node.args.kw_defaults]
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names
+                         if a.name != "*")
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == STAR and \
+                len(node.args) == 3 and isinstance(node.args[2], ast.Constant):
+            names.update(node.args[2].value)
+        stack += [child for child in ast.iter_child_nodes(node) if child is not None]
+    return names
 
 
 def wanted_names(tree):

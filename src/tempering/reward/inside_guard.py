@@ -199,6 +199,15 @@ def _bindings(mapping):
 _MISSING = object()  # what a deleted key reads as: it is nothing the record holds
 
 
+def _held(space):
+    """{name: the address of what it holds} of a namespace (None if a key is no str: only
+    the tested code puts such a key in a module's namespace)."""
+    pairs = list(space.items())
+    if not all(type(k) is str for k, _ in pairs):
+        return None
+    return {k: _addr(v) for k, v in pairs}
+
+
 def _get(mapping, key, _getitem=getitem, _missing=_MISSING):
     try:
         return _getitem(mapping, key)
@@ -386,6 +395,7 @@ class Guard:
         self.current = None
         self.sealed = False
         self.codes = {}  # the hidden tests' Python files, compiled, by absolute path: only here
+        self.bindings = {}  # a loading hidden module's namespace: what each name held, by id
 
     # ---- set-up, before any tested code runs ----
 
@@ -575,11 +585,18 @@ class Guard:
             where = _text(getattr(code, "co_filename", None)) or "?"
             self.flag("forged_report", f"a report record from {where}", where)
             return
+        if record.get("event") == "bound":
+            self.bound(record)
+            return
         if record.get("event") in ("loading", "loaded"):  # a hidden test module, not a line
             module = record.get("module")
             if type(module) is _module:
                 self.test_globals.add(_addr(vars(module)))
                 self.guarded_globals.add(_addr(vars(module)))
+                if record["event"] == "loading":
+                    self.bindings[_addr(vars(module))] = _held(vars(module))
+                else:
+                    self.bindings.pop(_addr(vars(module)), None)
                 if record["event"] == "loaded":
                     code = self.codes.get(_text(record.get("path")))
                     if type(code) is _code:
@@ -625,6 +642,35 @@ class Guard:
                 self.flag("runner_tampered", f"{label} was replaced while the tests ran",
                           "the runner")
         self.write(record)
+
+    def bound(self, record):
+        """A hidden module's statement ran (``inside.bound``): the names its namespace holds
+        may differ from what they held after the statement before only where the statement
+        binds them (``names``, from the module's own code, which must be the caller)."""
+        space, names, caller = record.get("space"), record.get("names"), record.get("caller")
+        key = _addr(space) if type(space) is dict else None
+        before = self.bindings.get(key)
+        codes = {_addr(c) for c in self.codes.values() if type(c) is _code}
+        if before is None or type(names) is not tuple or type(caller) is not _code \
+                or _addr(caller) not in codes:
+            self.flag("runner_tampered", "a hidden module's binding check was called by "
+                      "other code", "the runner")
+            return
+        now = _held(space)
+        if now is None:
+            self.flag("runner_tampered", "a name that is no str in a hidden module",
+                      "the tested code")
+            return
+        # (``exec`` adds ``__builtins__`` as the module's code begins: new, not changed)
+        changed = [k for k, v in now.items() if before.get(k) != v
+                   and not (k == "__builtins__" and k not in before)]
+        changed += [k for k in before if k not in now]
+        odd = [k for k in changed if k not in names and not k.startswith("@py")
+               and k not in ("__warningregistry__", "__annotations__")]
+        if odd:
+            self.flag("runner_tampered", f"{', '.join(odd[:3])} of a hidden module changed "
+                      "while it loaded, by none of its own statements", "the tested code")
+        self.bindings[key] = now
 
     def out_of_turn(self, event, record):
         """Why ``record`` cannot come now (None if it can), and advance the state."""

@@ -228,11 +228,11 @@ _templates: Kept[tuple[str, str | None, bool], CodeType | None] = Kept(1024)
 
 
 def canary_code(made: canary.Canaries, path: str, probes: bool = True) -> bytes | None:
-    """A mutant canary as marshal data, without compiling it: its template is compiled once
+    """The canaries as marshal data, without compiling it: its template is compiled once
     (per literal, where the mutant's literal is the same every time) with stand-ins for what
     each grading draws (test names, the passing test's number, a random int or str literal),
     and the stand-ins are replaced in the code objects' names and constants. None when there
-    is nothing to fill in (not a mutant) or the template does not compile."""
+    is nothing to fill in or the template does not compile."""
     if made.parts is None:
         return None
     template, breaks, literal, holds, number = made.parts
@@ -262,6 +262,8 @@ def _fill_code(code: CodeType, names: dict[str, str], consts: dict[tuple[type, o
             return _fill_code(value, names, consts, path)
         if type(value) in (int, str):
             return consts.get((type(value), value), value)
+        if type(value) is tuple and all(type(v) is str for v in value):  # BOUND's names
+            return tuple(names.get(v, v) for v in value)
         return value
 
     return code.replace(co_consts=tuple(map(const, code.co_consts)),
