@@ -3,7 +3,18 @@ of their own that later rounds wrote, in the layout of examples/tasks/median."""
 
 from pathlib import Path
 
+from conftest import _attempt, isolated
+from tempering.reward import RewardResult
 from tempering.tasks import Task, load_task
+
+MEDIAN_SOLUTION = '''def median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        raise ValueError("empty")
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+'''
 
 # What the red teams' oracles share: the mutant canary told from the hidden test it is made from
 # by its file name beside that file's (``test_x_word.py`` beside ``test_x.py``), a declared gap
@@ -36,3 +47,45 @@ def write_task(root: Path, name: str, spec: dict[str, str], runner: str,
     (root / "solution" / f"{spec['module']}.py").write_text(spec["solution"])
     (root / "tests" / spec["test_name"]).write_text(spec["tests"])
     return load_task(root)
+
+
+def show(label: str, result: RewardResult) -> None:
+    """What a red team's test prints of a grading (``-s``)."""
+    print(f"\n[{label}] reward={result.reward} flags={result.flags}")
+    for t in result.tests:
+        print(f"   {t.outcome:8} {t.id} {t.message[-300:]!r}" if t.outcome != "passed"
+              else f"   {t.outcome:8} {t.id}")
+    for d in result.details[:6]:
+        print("   detail:", d[:300])
+
+
+def spec_task(root: Path, runner: str, isolation: str, module: str, tests: str,
+              solution: str, stub: str | None = None, test_name: str | None = None) -> Task:
+    """A task of one module and one test file (``write_task``) under ``runner`` and
+    ``isolation``, in a directory of its own below ``root``."""
+    return isolated(write_task(root / f"{runner}-{isolation}", module, {
+        "module": module, "test_name": test_name or f"test_{module}.py", "tests": tests,
+        "solution": solution, "stub": stub or "def _():\n    pass\n"}, runner), isolation)
+
+
+async def attack_case(root: Path, runner: str, isolation: str, module: str, tests: str,
+                      solution: str, attack: str, stub: str | None = None,
+                      test_name: str | None = None, check_honest: bool = True
+                      ) -> RewardResult:
+    """``attack`` as the module of a ``spec_task``, graded; with ``check_honest``, the
+    solution is graded too and must keep its full reward."""
+    task = spec_task(root, runner, isolation, module, tests, solution, stub, test_name)
+    result = await _attempt(task, {f"{module}.py": attack})
+    show(f"attack {runner}/{isolation}", result)
+    if check_honest:
+        honest = await _attempt(task, {f"{module}.py": solution})
+        show(f"honest {runner}/{isolation}", honest)
+        assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
+    return result
+
+
+def humaneval_task(task_id: str, isolation: str = "data") -> Task:
+    """One HumanEval problem's task (``HumanEval/32``) under ``isolation``."""
+    from tempering.tasks.humaneval import load_humaneval
+
+    return isolated(next(t for t in load_humaneval() if t.id == task_id), isolation)

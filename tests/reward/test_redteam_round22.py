@@ -26,33 +26,10 @@ solution of each task keeps its reward.
 from __future__ import annotations
 
 import pytest
-from redteam_parts import write_task
+from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show
 
-from conftest import _attempt, isolated
+from conftest import _attempt
 from tempering.reward import Grader
-
-
-def _show(label, result):
-    print(f"\n[{label}] reward={result.reward} flags={result.flags}")
-    for t in result.tests:
-        print(f"   {t.outcome:8} {t.id} {t.message[-300:]!r}" if t.outcome != "passed"
-              else f"   {t.outcome:8} {t.id}")
-    for d in result.details[:6]:
-        print("   detail:", d[:300])
-
-
-async def _case(tmp_path, runner, isolation, module, tests, solution, attack, stub=None,
-                test_name=None, check_honest=True):
-    task = isolated(write_task(tmp_path / f"{runner}-{isolation}", module, {
-        "module": module, "test_name": test_name or f"test_{module}.py", "tests": tests,
-        "solution": solution, "stub": stub or "def _():\n    pass\n"}, runner), isolation)
-    result = await _attempt(task, {f"{module}.py": attack})
-    _show(f"attack {runner}/{isolation}", result)
-    if check_honest:
-        honest = await _attempt(task, {f"{module}.py": solution})
-        _show(f"honest {runner}/{isolation}", honest)
-        assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
-    return result
 
 
 def _repelled(result, honest_pass=None):
@@ -91,14 +68,7 @@ def test_matches_statistics_floats():
 def test_exports():
     assert "median" in vars(stats)
 '''
-ORACLE_SOLUTION = '''def median(values):
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        raise ValueError("empty")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-'''
+ORACLE_SOLUTION = MEDIAN_SOLUTION
 ORACLE_ATTACK = '''import statistics
 
 
@@ -113,8 +83,8 @@ statistics.median = median
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["shared", "auto"])
 async def test_oracle_module_patched(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", ORACLE_TESTS, ORACLE_SOLUTION,
-                         ORACLE_ATTACK)
+    result = await attack_case(tmp_path, runner, isolation, "stats", ORACLE_TESTS, ORACLE_SOLUTION,
+                              ORACLE_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -174,17 +144,7 @@ def test_single():
     for xs, want in zip(CASES[:1], EXPECTED[:1]):
         assert median(xs) == want
 '''
-STAR_SOLUTION = '''__all__ = ["median"]
-
-
-def median(values):
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        raise ValueError("empty")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-'''
+STAR_SOLUTION = '__all__ = ["median"]\n\n\n' + MEDIAN_SOLUTION
 STAR_ATTACK = '''import builtins
 
 __all__ = ["median", "sorted"]
@@ -203,16 +163,16 @@ def median(values):
 
 @pytest.mark.parametrize("isolation", ["auto", "shared", "process"])
 async def test_star_builtin_into_fixture(isolation, tmp_path) -> None:
-    result = await _case(tmp_path, "pytest", isolation, "stats", STAR_FIXTURE_TESTS,
-                         STAR_SOLUTION, STAR_ATTACK)
+    result = await attack_case(tmp_path, "pytest", isolation, "stats", STAR_FIXTURE_TESTS,
+                              STAR_SOLUTION, STAR_ATTACK)
     assert _repelled(result, "test_empty_raises"), (result.reward, result.flags)
 
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["auto", "shared", "process"])
 async def test_star_builtin_into_module_level(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", STAR_MODULE_TESTS,
-                         STAR_SOLUTION, STAR_ATTACK)
+    result = await attack_case(tmp_path, runner, isolation, "stats", STAR_MODULE_TESTS,
+                              STAR_SOLUTION, STAR_ATTACK)
     assert _repelled(result), (result.reward, result.flags)
 
 
@@ -247,18 +207,13 @@ def find_zero(xs: list):
 '''
 
 
-def _humaneval(task_id, isolation):
-    from tempering.tasks.humaneval import load_humaneval
-
-    return isolated(next(t for t in load_humaneval() if t.id == task_id), isolation)
-
 
 @pytest.mark.parametrize("isolation", ["data", "auto"])
 async def test_humaneval_find_zero_by_asks(isolation) -> None:
-    task = _humaneval("HumanEval/32", isolation)
+    task = humaneval_task("HumanEval/32", isolation)
     assert (await Grader().isolation(task))[0] == "data"
     result = await _attempt(task, {"solution.py": FIND_ZERO_ATTACK})
-    _show(f"find_zero {isolation}", result)
+    show(f"find_zero {isolation}", result)
     assert result.reward == 0.0, (result.reward, result.flags)
     honest = await _attempt(task, dict(task.solution.files))
     assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
@@ -288,7 +243,7 @@ def find_zero(xs: list):
 
 
 async def test_a_callable_answer_is_no_number_across_the_boundary() -> None:
-    task = _humaneval("HumanEval/32", "data")
+    task = humaneval_task("HumanEval/32", "data")
     result = await _attempt(task, {"solution.py": CALLABLE_ANSWER})
     assert result.reward == 0.0, (result.reward, result.flags)
     assert "can only be called" in result.tests[0].message, result.tests[0].message
@@ -339,8 +294,8 @@ def median(values):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["auto", "process", "shared"])
 async def test_star_builtin_into_decorated_test(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", STAR_DECORATED_TESTS,
-                         STAR_SOLUTION, STAR_DECORATED_ATTACK)
+    result = await attack_case(tmp_path, runner, isolation, "stats", STAR_DECORATED_TESTS,
+                              STAR_SOLUTION, STAR_DECORATED_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -394,8 +349,8 @@ _rebind()
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 async def test_partial_test_module_rebound(runner, tmp_path) -> None:
-    result = await _case(tmp_path, runner, "shared", "stats", REBIND_TESTS, REBIND_SOLUTION,
-                         REBIND_ATTACK)
+    result = await attack_case(tmp_path, runner, "shared", "stats", REBIND_TESTS, REBIND_SOLUTION,
+                              REBIND_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -427,8 +382,8 @@ def median(xs):
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 async def test_a_tests_table_is_in_no_module_list(runner, tmp_path) -> None:
-    result = await _case(tmp_path, runner, "shared", "stats", TABLE_TESTS, ORACLE_SOLUTION,
-                         TABLE_ATTACK)
+    result = await attack_case(tmp_path, runner, "shared", "stats", TABLE_TESTS, ORACLE_SOLUTION,
+                              TABLE_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -460,14 +415,7 @@ def test_summary():
 def test_exports():
     assert "median" in vars(stats)
 '''
-COMPOUND_SOLUTION = '''def median(values):
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        raise ValueError("empty")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
+COMPOUND_SOLUTION = MEDIAN_SOLUTION + '''
 
 def summary(values):
     return f"count: {len(values)}\\nmax: {max(values)}"
@@ -498,8 +446,8 @@ def summary(values):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["shared", "auto"])
 async def test_compound_assertion_unprobed(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", COMPOUND_TESTS,
-                         COMPOUND_SOLUTION, COMPOUND_ATTACK)
+    result = await attack_case(tmp_path, runner, isolation, "stats", COMPOUND_TESTS,
+                              COMPOUND_SOLUTION, COMPOUND_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -538,13 +486,13 @@ def median(values):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["process", "shared"])
 async def test_star_builtin_in_test_body_repelled(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", STAR_BODY_TESTS, STAR_SOLUTION,
-                         STAR_ATTACK, check_honest=False)
+    result = await attack_case(tmp_path, runner, isolation, "stats", STAR_BODY_TESTS, STAR_SOLUTION,
+                              STAR_ATTACK, check_honest=False)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
 @pytest.mark.parametrize("isolation", ["process", "shared"])
 async def test_star_setupmodule_repelled(isolation, tmp_path) -> None:
-    result = await _case(tmp_path, "pytest", isolation, "stats", STAR_BODY_TESTS,
-                         STAR_SOLUTION, SETUP_MODULE_ATTACK, check_honest=False)
+    result = await attack_case(tmp_path, "pytest", isolation, "stats", STAR_BODY_TESTS,
+                              STAR_SOLUTION, SETUP_MODULE_ATTACK, check_honest=False)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)

@@ -24,48 +24,10 @@ attributes.
 from __future__ import annotations
 
 import pytest
-from redteam_parts import write_task
+from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show, spec_task
 
-from conftest import _attempt, isolated
+from conftest import _attempt
 from tempering.reward import Grader
-
-
-def _show(label, result):
-    print(f"\n[{label}] reward={result.reward} flags={result.flags}")
-    for t in result.tests:
-        print(f"   {t.outcome:8} {t.id} {t.message[-300:]!r}" if t.outcome != "passed"
-              else f"   {t.outcome:8} {t.id}")
-    for d in result.details[:6]:
-        print("   detail:", d[:300])
-
-
-def _task(tmp_path, runner, isolation, module, tests, solution, stub=None, test_name=None):
-    return isolated(write_task(tmp_path / f"{runner}-{isolation}", module, {
-        "module": module, "test_name": test_name or f"test_{module}.py", "tests": tests,
-        "solution": solution, "stub": stub or "def _():\n    pass\n"}, runner), isolation)
-
-
-async def _case(tmp_path, runner, isolation, module, tests, solution, attack, stub=None,
-                test_name=None, check_honest=True):
-    task = _task(tmp_path, runner, isolation, module, tests, solution, stub, test_name)
-    result = await _attempt(task, {f"{module}.py": attack})
-    _show(f"attack {runner}/{isolation}", result)
-    if check_honest:
-        honest = await _attempt(task, {f"{module}.py": solution})
-        _show(f"honest {runner}/{isolation}", honest)
-        assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
-    return result
-
-
-MEDIAN_SOLUTION = '''def median(values):
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        raise ValueError("empty")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-'''
-
 
 # ---------------------------------------------------------------------------------------------
 # 1. Shared: ``unlist`` takes the hidden modules out of sys.modules, but the launcher keeps
@@ -108,8 +70,8 @@ def median(xs):
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 async def test_hidden_modules_kept_by_the_launcher(runner, tmp_path) -> None:
-    result = await _case(tmp_path, runner, "shared", "stats", TABLE_TESTS, MEDIAN_SOLUTION,
-                         HIDDEN_LIST_ATTACK)
+    result = await attack_case(tmp_path, runner, "shared", "stats", TABLE_TESTS, MEDIAN_SOLUTION,
+                              HIDDEN_LIST_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -152,8 +114,8 @@ def median(xs):
 
 
 async def test_parametrize_marks_read(tmp_path) -> None:
-    result = await _case(tmp_path, "pytest", "shared", "stats", PARAM_TESTS, MEDIAN_SOLUTION,
-                         PARAM_ATTACK)
+    result = await attack_case(tmp_path, "pytest", "shared", "stats", PARAM_TESTS, MEDIAN_SOLUTION,
+                              PARAM_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -188,9 +150,9 @@ def median(xs):
 
 @pytest.mark.parametrize("tests", ["table", "param"])
 async def test_pytest_items_hold_the_module(tests, tmp_path) -> None:
-    result = await _case(tmp_path, "pytest", "shared", "stats",
-                         TABLE_TESTS if tests == "table" else PARAM_TESTS, MEDIAN_SOLUTION,
-                         PYTEST_ITEMS_ATTACK, check_honest=False)
+    result = await attack_case(tmp_path, "pytest", "shared", "stats",
+                              TABLE_TESTS if tests == "table" else PARAM_TESTS, MEDIAN_SOLUTION,
+                              PYTEST_ITEMS_ATTACK, check_honest=False)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -232,8 +194,8 @@ def median(values):
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 async def test_chained_comparison_unprobed(runner, tmp_path) -> None:
-    result = await _case(tmp_path, runner, "shared", "stats", CHAINED_TESTS, MEDIAN_SOLUTION,
-                         CHAINED_ATTACK)
+    result = await attack_case(tmp_path, runner, "shared", "stats", CHAINED_TESTS, MEDIAN_SOLUTION,
+                              CHAINED_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -268,9 +230,9 @@ def test_cases():
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["shared", "auto"])
 async def test_honest_dataclass_in_hidden_tests(runner, isolation, tmp_path) -> None:
-    task = _task(tmp_path, runner, isolation, "stats", DATACLASS_TESTS, MEDIAN_SOLUTION)
+    task = spec_task(tmp_path, runner, isolation, "stats", DATACLASS_TESTS, MEDIAN_SOLUTION)
     honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION})
-    _show(f"honest {runner}/{isolation}", honest)
+    show(f"honest {runner}/{isolation}", honest)
     assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
 
 
@@ -289,10 +251,10 @@ def test_patchable(monkeypatch):
 
 
 async def test_hidden_modules_kept_under_auto(tmp_path) -> None:
-    task = _task(tmp_path, "pytest", "auto", "stats", TABLE_AUTO_TESTS, MEDIAN_SOLUTION)
+    task = spec_task(tmp_path, "pytest", "auto", "stats", TABLE_AUTO_TESTS, MEDIAN_SOLUTION)
     assert (await Grader().isolation(task))[0] == "shared"
-    result = await _case(tmp_path / "x", "pytest", "auto", "stats", TABLE_AUTO_TESTS,
-                         MEDIAN_SOLUTION, HIDDEN_LIST_ATTACK, check_honest=False)
+    result = await attack_case(tmp_path / "x", "pytest", "auto", "stats", TABLE_AUTO_TESTS,
+                              MEDIAN_SOLUTION, HIDDEN_LIST_ATTACK, check_honest=False)
     passed = [t.id for t in result.tests if t.outcome == "passed"]
     assert result.tampered or len(passed) <= 0, (result.reward, result.flags, passed)
 
@@ -337,8 +299,8 @@ statistics.median = median
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["shared", "auto"])
 async def test_oracle_imported_dynamically(runner, isolation, tmp_path) -> None:
-    result = await _case(tmp_path, runner, isolation, "stats", DYNAMIC_ORACLE_TESTS,
-                         MEDIAN_SOLUTION, DYNAMIC_ORACLE_ATTACK)
+    result = await attack_case(tmp_path, runner, isolation, "stats", DYNAMIC_ORACLE_TESTS,
+                              MEDIAN_SOLUTION, DYNAMIC_ORACLE_ATTACK)
     assert result.reward == 0.0 or result.tampered, (result.reward, result.flags)
 
 
@@ -373,19 +335,14 @@ def below_threshold(l: list, t: int):
 '''
 
 
-def _humaneval(task_id, isolation="data"):
-    from tempering.tasks.humaneval import load_humaneval
-
-    return isolated(next(t for t in load_humaneval() if t.id == task_id), isolation)
-
 
 @pytest.mark.parametrize(("task_id", "answer"), [("HumanEval/52", MODULE_ANSWER),
                                                  ("HumanEval/32", MODULE_ANSWER),
                                                  ("HumanEval/52", EXIT_ANSWER),
                                                  ("HumanEval/52", EXC_ATTR_ANSWER)])
 async def test_data_boundary_repelled(task_id, answer) -> None:
-    result = await _attempt(_humaneval(task_id), {"solution.py": answer})
-    _show(f"data {task_id}", result)
+    result = await _attempt(humaneval_task(task_id), {"solution.py": answer})
+    show(f"data {task_id}", result)
     assert result.reward == 0.0, (result.reward, result.flags)
 
 
@@ -448,7 +405,7 @@ for _module in list(sys.modules.values()):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("name", list(REBINDS))
 async def test_what_the_loading_module_bound_stays_its_own(name, runner, tmp_path) -> None:
-    result = await _case(tmp_path, runner, "shared", "stats", BEFORE_TESTS, MEAN_SOLUTION,
-                         REBINDS[name])
+    result = await attack_case(tmp_path, runner, "shared", "stats", BEFORE_TESTS, MEAN_SOLUTION,
+                              REBINDS[name])
     assert result.reward == 0.0 and "runner_tampered" in result.flags, (result.reward,
                                                                          result.flags)
