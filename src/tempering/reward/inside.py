@@ -485,13 +485,13 @@ def enter():
     emit("enter")
 
 
-def bound(names):
+def bound(names, touched=()):
     """Called by the instrumentation after each module-level statement of a hidden module
-    (``inside_compile.bind_checked``), with the names it binds: the guard checks that nothing
-    else of the module's namespace changed since the last statement, and that the caller is
-    that module's own code."""
+    (``inside_compile.bind_checked``), with the names it binds and those it reads: the guard
+    checks that nothing else of the module's namespace changed since the last statement, and
+    that the caller is that module's own code."""
     frame = sys._getframe(1)
-    emit("bound", space=frame.f_globals, names=names, caller=frame.f_code)
+    emit("bound", space=frame.f_globals, names=names, touched=touched, caller=frame.f_code)
 
 
 def within(item, container):
@@ -561,12 +561,12 @@ def load_hidden(path, name):
 HIDDEN = {}
 
 
-def unlist(loading=None):
-    """Take every hidden module (but the one ``loading`` now) out of ``sys.modules``, and out
-    of the modules named as their parents (pytest's importlib mode binds ``tests.test_x`` in
-    ``tests``): in one process, the tested code would read a test's expected values through
-    them (the red team of round twenty-two)."""
-    hidden = {number for number in HIDDEN if number != id(loading)}
+def unlist():
+    """Take every hidden module out of ``sys.modules``, and out of the modules named as their
+    parents (pytest's importlib mode binds ``tests.test_x`` in ``tests``): in one process, the
+    tested code would read a test's expected values through them (the red team of round
+    twenty-two)."""
+    hidden = set(HIDDEN)
     for name, value in list(sys.modules.items()):
         if id(value) not in hidden or type(value) is not type(sys) or \
                 vars(value).get("__file__") != HIDDEN[id(value)]:
@@ -589,10 +589,11 @@ def _run_hidden(module, path, code):
     module.__file__ = path
     module.__dict__.update(hooks)
     HIDDEN[id(module)] = path
-    # While it runs (and imports the tested code), no other hidden module is in sys.modules;
-    # this one is, as any module is while it runs, and the guard sees to it that nothing but
-    # its own statements bind its names (``inside_compile``'s ``BOUND``).
-    unlist(loading=module)
+    # While the tests are collected, the hidden modules are in sys.modules, as any module is
+    # (dataclasses look one up there, a helper package's relative imports need it, a test
+    # module may import another's data), and the guard sees to it that nothing but a
+    # module's own statements bind its names (``inside_compile``'s ``BOUND``); collected,
+    # they are taken out (``unlist``).
     emit("loading", module=module)  # before its code runs: reading that code is seen
     exec(code, module.__dict__)
     for name, hook in hooks.items():  # the tested code it imported could have swapped them
@@ -780,7 +781,14 @@ class Report:
         self.messages = {}
 
     def pytest_sessionstart(self, session):
-        # pytest and its plugins are loaded; the tests are not collected yet
+        # pytest and its plugins are loaded; the tests are not collected yet. The hidden
+        # files are served by the launcher first: pytest's assertion rewriter, first on
+        # sys.meta_path, would read a test module another one imports by name
+        # (``from test_stats import CASES``) from its empty placeholder.
+        finders = [f for f in sys.meta_path if type(f) is HiddenFinder]
+        for finder in finders:
+            sys.meta_path.remove(finder)
+        sys.meta_path[:0] = finders
         emit("seal", plugin=self, pluginmanager=session.config.pluginmanager)
         debugging = sys.modules.get("_pytest.debugging")
         if debugging is not None:  # a class attribute any module could read the config from
@@ -900,7 +908,7 @@ def run_tests(config, fd):
 
     def import_hidden(path, *, mode="importlib", root=None, **kwargs):
         name = module_name_from_path(path, root) if root is not None else path.stem
-        module = load_hidden(str(path), name)  # in no sys.modules entry, no parent (unlist)
+        module = load_hidden(str(path), name)  # no parent binds it (unlist)
         if module is None:
             return import_path(path, mode=mode, root=root, **kwargs)
         return module

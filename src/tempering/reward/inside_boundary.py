@@ -651,6 +651,8 @@ class Boundary:
         packed_args = pack(list(args), self.refer)
         result, after, after_kw = self.request("call", target, packed_args,
                                                pack(kwargs, self.refer))
+        if self.only_data:  # what it did to its copies of the arguments stays there: a
+            return result  # test's ``f(xs) == oracle(xs)`` reads xs after (round 24)
         for given, now in zip(args, after, strict=False):  # what the call did to them
             _update(given, now)
         for name, given in kwargs.items():

@@ -302,16 +302,23 @@ def instrument(tree, calls=True, text=None, probes=True):
 
 
 def bind_checked(body, mark):
-    """``body`` (a module's statements) with ``BOUND(names)`` after each: the guard then
-    checks that the module's namespace changed only in the names that statement binds (its
-    assignments, ``def``, ``class``, imports, a star import's names, ``global`` names of its
-    functions): in one process, the tested code that the module imports could otherwise
-    rebind what the module bound before (its ``math``, its expected values) while it loads
-    (round twenty-three). The docstring and ``__future__`` imports come first, unchecked."""
+    """``body`` (a module's statements) with ``BOUND(names, touched)`` after each: the guard
+    then checks that the module's namespace changed only in the names that statement binds
+    (its assignments, ``def``, ``class``, imports, a star import's names, ``global`` names of
+    its functions), and what its data (lists, dicts, sets of builtin values) holds only where
+    the statement reads it, or calls a function of the module's that does (``touched``): in
+    one process, the tested code that the module imports could otherwise rebind what the
+    module bound before (its ``math``, its expected values; round twenty-three) or change its
+    table in place (round twenty-four) while it loads. The docstring and ``__future__``
+    imports come first, unchecked."""
     import ast
 
     declared = {n for stmt in body for node in ast.walk(stmt) if isinstance(node, ast.Global)
                 for n in node.names}
+    # What each function or class of the module reads, for what a statement that calls it
+    # may change in place (``add(1)`` appending to ``CASES``).
+    reads = {stmt.name: _loads(stmt) for stmt in body
+             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     out, pending = [], set()
     for index, stmt in enumerate(body):
         out.append(stmt)
@@ -321,12 +328,42 @@ def bind_checked(body, mark):
             continue
         if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
             continue
+        # A statement that writes the namespace by other means (``globals()[name] = ...``,
+        # ``setattr(sys.modules[__name__], ...)``, ``exec``) may bind any name: "*".
+        names = ("*",) if dynamic(stmt) else tuple(sorted(pending | declared))
+        touched, more = set(), _loads(stmt)
+        while more:  # the names it reads, and those the module's functions it reads read
+            name = more.pop()
+            if name not in touched:
+                touched.add(name)
+                more |= reads.get(name, set())
         call = mark(BOUND, stmt)
-        call.value.args = [ast.Constant(tuple(sorted(pending | declared)))]
-        ast.copy_location(call.value.args[0], stmt)
+        call.value.args = [ast.Constant(names), ast.Constant(tuple(sorted(touched)))]
+        for arg in call.value.args:
+            ast.copy_location(arg, stmt)
         out.append(call)
         pending = set()
     return out
+
+
+_DYNAMIC = frozenset({"globals", "vars", "exec", "eval", "setattr", "delattr", "__import__",
+                      "modules", "__dict__", "update"})
+
+
+def dynamic(stmt):
+    """Whether a module-level statement may write the module's namespace without naming
+    what it binds (a call of ``globals``, ``exec``, ``setattr``, ``sys.modules``...)."""
+    import ast
+
+    return any(getattr(node, "id", getattr(node, "attr", None)) in _DYNAMIC
+               for node in ast.walk(stmt) if isinstance(node, ast.Name | ast.Attribute))
+
+
+def _loads(node):
+    """The names ``node`` reads, anywhere in it."""
+    import ast
+
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def bound_by(stmt):

@@ -182,6 +182,10 @@ def _escape(char):
 
 
 _BINDING_KINDS = (_module, classmethod, staticmethod, property)  # not callable, still behaviour
+# Constants that decide what a test computes (``math.pi``, pytest's approx tolerances, a test's
+# own expected ``WANT = 2.5``), recorded like behaviour: nothing rebinds them at run time. Not
+# ints or None (counters and lazily set caches, which the library rebinds itself).
+_CONSTANT_KINDS = (float, complex, str, bytes)
 _type_dict = type.__dict__["__dict__"].__get__  # a class's namespace, asking no metaclass
 # A module's namespace, as it is: a lazy module (``py``'s) loads what it stands for when its
 # ``__dict__`` is asked for, which is not the guard's to do.
@@ -190,13 +194,63 @@ _module_dict = _module.__dict__["__dict__"].__get__
 
 def _bindings(mapping):
     """The keys of ``mapping`` whose values are behaviour (worth guarding) rather than data:
-    the callables, modules and descriptors (``callable`` and ``type`` run none of the values'
-    own code)."""
+    the callables, modules and descriptors, and constants (``_CONSTANT_KINDS``; ``callable``
+    and ``type`` run none of the values' own code)."""
     return [k for k, v in list(mapping.items())
-            if callable(v) or _among(type(v), _BINDING_KINDS)]
+            if callable(v) or _among(type(v), _BINDING_KINDS) or _among(type(v), _CONSTANT_KINDS)]
 
 
 _MISSING = object()  # what a deleted key reads as: it is nothing the record holds
+
+
+_SCALARS = (int, str, bytes, bool, type(None), complex)
+
+
+class _Untracked(Exception):
+    """A value holds something other than builtin data, or too much of it."""
+
+
+def _content(value, depth=0, budget=None):
+    """What a value of builtin data holds, as a form to compare with ``==`` that runs no
+    method of anyone's (exact builtin kinds only; floats by their repr, so a NaN equals
+    itself); raises ``_Untracked`` for anything else, or past 8 levels or 100,000 items."""
+    budget = [100_000] if budget is None else budget
+    budget[0] -= 1
+    kind = type(value)
+    if budget[0] < 0 or depth > 8:
+        raise _Untracked
+    if _among(kind, _SCALARS):
+        return (kind.__name__, value)
+    if kind is float:
+        return ("float", float.__repr__(value))
+    if kind is list or kind is tuple:
+        return (kind.__name__, tuple(_content(v, depth + 1, budget) for v in value))
+    if kind is dict:
+        return ("dict", tuple((_content(k, depth + 1, budget), _content(v, depth + 1, budget))
+                              for k, v in list(value.items())))
+    if kind is set or kind is frozenset:
+        return (kind.__name__, tuple(sorted((_content(v, depth + 1, budget) for v in value),
+                                            key=repr)))
+    raise _Untracked
+
+
+def _form(value):
+    """``_content`` of ``value``, or None where it cannot be had."""
+    try:
+        return _content(value)
+    except _Untracked:
+        return None
+
+
+def _contents(space):
+    """{name: ``_content``} of the data a namespace holds (str keys only)."""
+    forms = {}
+    for k, v in list(space.items()):
+        if type(k) is str and _among(type(v), (list, dict, set, tuple)):
+            form = _form(v)
+            if form is not None:
+                forms[k] = form
+    return forms
 
 
 def _held(space):
@@ -396,6 +450,7 @@ class Guard:
         self.sealed = False
         self.codes = {}  # the hidden tests' Python files, compiled, by absolute path: only here
         self.bindings = {}  # a loading hidden module's namespace: what each name held, by id
+        self.contents = {}  # and what its data held (``_content``)
 
     # ---- set-up, before any tested code runs ----
 
@@ -512,7 +567,13 @@ class Guard:
             elif event == "tempering.code":  # (path, box): the loader asks for a hidden file
                 path, box = _text(args[0]), args[1]
                 if _addr(sys._getframe(2).f_code) in self.emitters and type(box) is list:
-                    box.append(self.codes.get(path))
+                    # Never for an import the tested code makes (``import test_stats``: a
+                    # fresh copy of a hidden module, its tables and all; round 24).
+                    tested = None if self.alone else self.in_stack(sys._getframe(2))
+                    if tested and path in self.codes:
+                        self.flag("read_tests", f"it imported the hidden {path}", tested)
+                    else:
+                        box.append(self.codes.get(path))
             elif not self.alone:  # else nothing here is the tested code's to attribute
                 self.check(event, args)
         except Exception as exc:  # raising would break the tested code, not protect it
@@ -595,8 +656,10 @@ class Guard:
                 self.guarded_globals.add(_addr(vars(module)))
                 if record["event"] == "loading":
                     self.bindings[_addr(vars(module))] = _held(vars(module))
+                    self.contents[_addr(vars(module))] = {}
                 else:
                     self.bindings.pop(_addr(vars(module)), None)
+                    self.contents.pop(_addr(vars(module)), None)
                 if record["event"] == "loaded":
                     code = self.codes.get(_text(record.get("path")))
                     if type(code) is _code:
@@ -657,6 +720,9 @@ class Guard:
                       "other code", "the runner")
             return
         now = _held(space)
+        if names == ("*",):  # the statement writes the namespace by name (``globals()``)
+            self.bindings[key] = now if now is not None else before
+            return
         if now is None:
             self.flag("runner_tampered", "a name that is no str in a hidden module",
                       "the tested code")
@@ -667,10 +733,17 @@ class Guard:
         changed += [k for k in before if k not in now]
         odd = [k for k in changed if k not in names and not k.startswith("@py")
                and k not in ("__warningregistry__", "__annotations__")]
+        touched = record.get("touched")
+        touched = touched if type(touched) is tuple else ()
+        held = self.contents.get(key, {})
+        odd += [f"what {k} holds" for k, form in held.items()
+                if k not in names and k not in touched and k not in changed
+                and _form(_get(space, k)) != form]
         if odd:
             self.flag("runner_tampered", f"{', '.join(odd[:3])} of a hidden module changed "
                       "while it loaded, by none of its own statements", "the tested code")
         self.bindings[key] = now
+        self.contents[key] = _contents(space)
 
     def out_of_turn(self, event, record):
         """Why ``record`` cannot come now (None if it can), and advance the state."""
