@@ -36,6 +36,7 @@ import pytest
 from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show, spec_task
 
 from conftest import _attempt, isolated
+from tempering.reward import Grader
 
 # ---------------------------------------------------------------------------------------------
 # 1. Shared: the integrity record holds the *behaviour* of the modules loaded before the
@@ -208,6 +209,17 @@ ARGUMENT_ATTACK = '''def median(values):
     values[:] = [0]
     return 0
 '''
+
+
+@pytest.mark.parametrize("runner", ["pytest", "plain"])
+@pytest.mark.parametrize("isolation", ["data", "auto"])
+async def test_the_solvers_copy_of_an_argument_stays_its_own(runner, isolation,
+                                                             tmp_path) -> None:
+    assert (await Grader().isolation(spec_task(
+        tmp_path / "iso", runner, isolation, "stats", ORACLE_TESTS, MEDIAN_SOLUTION)))[0] == "data"
+    result = await attack_case(tmp_path, runner, isolation, "stats", ORACLE_TESTS,
+                               MEDIAN_SOLUTION, ARGUMENT_ATTACK)
+    assert result.reward == 0.0, (result.reward, result.flags)
 
 
 # ---------------------------------------------------------------------------------------------
