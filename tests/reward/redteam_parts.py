@@ -68,16 +68,22 @@ def spec_task(root: Path, runner: str, isolation: str, module: str, tests: str,
         "solution": solution, "stub": stub or "def _():\n    pass\n"}, runner), isolation)
 
 
+_HONEST_CHECKED: set[tuple[str, str, str, str]] = set()
+
+
 async def attack_case(root: Path, runner: str, isolation: str, module: str, tests: str,
                       solution: str, attack: str, stub: str | None = None,
                       test_name: str | None = None, check_honest: bool = True
                       ) -> RewardResult:
     """``attack`` as the module of a ``spec_task``, graded; with ``check_honest``, the
-    solution is graded too and must keep its full reward."""
+    solution is graded too and must keep its full reward (once per suite, solution, runner
+    and isolation: attacks on the same suite share it)."""
     task = spec_task(root, runner, isolation, module, tests, solution, stub, test_name)
     result = await _attempt(task, {f"{module}.py": attack})
     show(f"attack {runner}/{isolation}", result)
-    if check_honest:
+    key = (tests, solution, runner, isolation)
+    if check_honest and key not in _HONEST_CHECKED:
+        _HONEST_CHECKED.add(key)
         honest = await _attempt(task, {f"{module}.py": solution})
         show(f"honest {runner}/{isolation}", honest)
         assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])

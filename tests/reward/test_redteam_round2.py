@@ -150,7 +150,7 @@ def _handler(signum, frame):
 
 _previous = signal.signal(signal.SIGALRM, _handler)
 signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
-for _ in range(2_000_000):
+for _ in range(300_000):  # thousands of timer signals, each maybe inside the guard
     if _box:
         break
     compile("0", "<x>", "eval")  # each one runs the audit hook's Python code
