@@ -33,6 +33,7 @@ unittest setUpModule/setUpClass, class-scoped fixtures, parametrize ids, a conft
 from __future__ import annotations
 
 import pytest
+import test_redteam_round22
 from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show, spec_task
 
 from conftest import _attempt, isolated
@@ -186,25 +187,9 @@ async def test_hidden_table_mutated_in_place_during_load(runner, tmp_path) -> No
 #    the test passed are written back into the test's list (``inside_boundary._update``), so
 #    the tested code empties the input down to one it can answer: ``xs[:] = [0]``, return 0.
 
-ORACLE_TESTS = '''import random
-import statistics
-
-from stats import median
-
-
-def test_matches_statistics():
-    rng = random.Random(1234)
-    for _ in range(200):
-        xs = [rng.randint(-50, 50) for _ in range(rng.randint(1, 15))]
-        assert median(xs) == statistics.median(xs)
-
-
-def test_matches_statistics_floats():
-    rng = random.Random(99)
-    for _ in range(200):
-        xs = [rng.uniform(-5, 5) for _ in range(rng.randint(1, 9))]
-        assert median(xs) == statistics.median(xs)
-'''
+# Round twenty-two's oracle tests, without the one that makes ``auto`` choose one process.
+ORACLE_TESTS = test_redteam_round22.ORACLE_TESTS.replace("import stats\n", "").replace(
+    '\n\ndef test_exports():\n    assert "median" in vars(stats)\n', "")
 ARGUMENT_ATTACK = '''def median(values):
     values[:] = [0]
     return 0
