@@ -722,6 +722,7 @@ class Guard:
         now = _held(space)
         if names == ("*",):  # the statement writes the namespace by name (``globals()``)
             self.bindings[key] = now if now is not None else before
+            self.contents[key] = _contents(space)  # what it left, the next one's measure
             return
         if now is None:
             self.flag("runner_tampered", "a name that is no str in a hidden module",
