@@ -29,6 +29,7 @@ from tempering.reward.isolation import by_syntax, exchanges_data
 from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
+    SEPARATE,
     Launcher,
     RunPlan,
     TestRun,
@@ -250,7 +251,7 @@ class Grader:
         """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
         the same checks, without a new interpreter per grading."""
         grading = task.config.grading
-        separate = isolation in ("process", "data")
+        separate = isolation in SEPARATE
         solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
         data = any(not path.endswith(".py") for path in task.tests)
         try:

@@ -642,7 +642,7 @@ def prepare(config, fd, pytest_hooks=False):
                                      probes=config.get("isolation") not in SEPARATE)
     codes.update((path, marshal.loads(code))  # compiled by the host, for this interpreter
                  for path, code in config.pop("compiled", {}).items())
-    imported = [] if config.get("isolation") in SEPARATE else imports_of(codes.values())
+    imported = {} if config.get("isolation") in SEPARATE else imports_of(codes.values())
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
     del codes
@@ -810,7 +810,7 @@ class Report:
         emit("hooks", pluginmanager=session.config.pluginmanager)  # as they run the tests
         emit("collected", ids=[_exact(item.nodeid) for item in session.items])
 
-    def _configless(self, item):
+    def _configless(self):
         """In one process, what pytest's assertion plugin sets for the test's assertion
         messages (``util._config``, the item's own ``_reprcompare``) is a way from any module
         to the config, the session and every collected item, their modules and parameters
@@ -822,13 +822,13 @@ class Report:
                 util._config = util._reprcompare = None
 
     def pytest_runtest_setup(self, item):
-        self._configless(item)
+        self._configless()
 
     def pytest_runtest_call(self, item):
-        self._configless(item)
+        self._configless()
 
     def pytest_runtest_teardown(self, item):
-        self._configless(item)
+        self._configless()
 
     def pytest_runtest_logstart(self, nodeid, location):
         emit("begin", id=_exact(nodeid))

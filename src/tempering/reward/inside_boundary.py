@@ -940,7 +940,7 @@ del _op
 # object is worth, which it could answer one way, then another; the solver's word that the
 # object is a function is no more than its word.
 _CALLABLE_ONLY = {"__getattr__", "__setattr__", "__delattr__", "__call__", "__dir__",
-                  "__init__", "_ask", "_had", "__repr__", "__str__"}
+                  "__init__", "__repr__", "__str__"}
 
 
 def _only_called(name, method):

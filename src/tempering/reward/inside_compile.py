@@ -408,29 +408,9 @@ def wanted_names(tree):
             (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
         elif isinstance(node, ast.Global):
             bound.update(node.names)
-    for stmt in module_level(tree.body):
-        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound.add(stmt.name)
-        elif isinstance(stmt, ast.Import | ast.ImportFrom):
-            bound.update((a.asname or a.name).partition(".")[0] for a in stmt.names
-                         if a.name != "*")
+    for stmt in tree.body:
+        bound |= bound_by(stmt)
     return read - bound - set(vars(builtins))
-
-
-def module_level(body):
-    """The statements of ``body`` and of the blocks in it (``if``, ``try``, ``with``,
-    ``for``...) that run at module level: not those inside a function or class."""
-    import ast
-
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            continue
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            for part in getattr(stmt, field, None) or ():
-                yield from module_level(getattr(part, "body", None) or [part]) \
-                    if isinstance(part, ast.excepthandler | ast.match_case) \
-                    else module_level([part])
 
 
 def compile_hidden(sources: dict[str, bytes], rewrite: bool,

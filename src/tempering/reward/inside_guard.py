@@ -451,6 +451,7 @@ class Guard:
         self.codes = {}  # the hidden tests' Python files, compiled, by absolute path: only here
         self.bindings = {}  # a loading hidden module's namespace: what each name held, by id
         self.contents = {}  # and what its data held (``_content``)
+        self.module_codes = None  # addresses of the hidden files' module code (``bound``)
 
     # ---- set-up, before any tested code runs ----
 
@@ -713,9 +714,10 @@ class Guard:
         space, names, caller = record.get("space"), record.get("names"), record.get("caller")
         key = _addr(space) if type(space) is dict else None
         before = self.bindings.get(key)
-        codes = {_addr(c) for c in self.codes.values() if type(c) is _code}
+        if self.module_codes is None:  # the hidden files' code: fixed once installed
+            self.module_codes = {_addr(c) for c in self.codes.values() if type(c) is _code}
         if before is None or type(names) is not tuple or type(caller) is not _code \
-                or _addr(caller) not in codes:
+                or _addr(caller) not in self.module_codes:
             self.flag("runner_tampered", "a hidden module's binding check was called by "
                       "other code", "the runner")
             return

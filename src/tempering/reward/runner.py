@@ -109,7 +109,7 @@ class Launcher:
                        runner=self.runner, sources=sources, isolation=isolation)
         await self.sb.write_file(plan.canary_path, b"")
         await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
-        first = f"process {workdir}" if isolation in ("process", "data") else "shared"
+        first = f"process {workdir}" if isolation in SEPARATE else "shared"
         await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
@@ -149,6 +149,11 @@ def launcher_files(names: tuple[str, ...]) -> dict[str, bytes]:
     return files
 
 
+# The isolations with the tested code in a process of its own (``inside_boundary.py``); the
+# launcher has its own copy (``inside.SEPARATE``), being stdlib only.
+SEPARATE = ("process", "data")
+
+
 class RunPlan:
     """One test run's secrets and canaries (``canary.py``), and how to read its report."""
 
@@ -184,7 +189,7 @@ class RunPlan:
         sources = dict(self.sources)
         codes = {path: compiled[path] for path in sources if path in compiled}
         canary_path = f"{self.config['workspace']}/{self.canary_path}"
-        probes = self.config.get("isolation") not in ("process", "data")
+        probes = self.config.get("isolation") not in SEPARATE
         filled = canary_code(self.canary, canary_path, probes)
         if filled is not None:
             codes[canary_path] = filled
