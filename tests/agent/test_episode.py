@@ -342,3 +342,44 @@ async def test_a_smaller_tool_set_is_all_the_model_is_offered(task, grader) -> N
         EpisodeConfig(tools=["bash"])
     with pytest.raises(ValueError, match="unknown tool"):
         EpisodeConfig(tools=["submit", "teleport"])
+
+
+WRONG = "echo 'def median(xs): return 0' > stats.py"
+
+
+@pytest.mark.parametrize("actions", [
+    [("bash", {"command": f"{WRONG}; chmod 000 stats.py"}), ("read_file", {"path": "stats.py"})],
+    [("bash", {"command": WRONG}), ("read_file", {"path": "x" * 300})],
+    [("bash", {"command": f"{WRONG}; mkdir -p d; chmod 555 d"}),
+     ("write_file", {"path": "d/a.py", "content": "x"})],
+    [("bash", {"command": f"{WRONG}; head -c 300M /dev/zero > /tmp/fill; true"}),
+     ("write_file", {"path": "a.py", "content": "x" * 100_000})],
+    [("bash", {"command": f"{WRONG}; chmod 000 stats.py"}),
+     ("str_replace", {"path": "stats.py", "old": "0", "new": "1"})],
+], ids=["unreadable", "name-too-long", "read-only-dir", "disk-full", "unreadable-edit"])
+async def test_what_the_model_did_to_its_files_is_its_error_not_the_sandboxs(task, grader,
+                                                                             actions) -> None:
+    """A file tool that fails because of what the model made of its own files (permissions,
+    a name too long, a full disk) is an observation, and the episode is graded: never an
+    infra error the filters would drop (red team, round twenty-five)."""
+    traj = await run_episode(task, ScriptedPolicy([*actions, ("submit", {})]), grader=grader)
+    assert traj.status == Status.OK, traj.error
+    assert traj.reward is not None and traj.reward.reward == 0.0
+    assert traj.steps[1].error
+
+
+async def test_a_shell_killed_by_its_own_job_is_replaced(task, grader) -> None:
+    """A background job that kills the session's shell between two commands: the next
+    command runs in a new shell, and the episode is the model's (round twenty-five)."""
+    policy = ScriptedPolicy([
+        ("bash", {"command": "ls"}),
+        ("bash", {"command": "(sleep 0.3; kill -9 $$) >/dev/null 2>&1 &"}),
+        ("bash", {"command": "sleep 1; echo still here"}),
+        ("bash", {"command": "kill -9 $$"}),
+        ("bash", {"command": "echo and here"}),
+        ("submit", {}),
+    ])
+    traj = await run_episode(task, policy, grader=grader)
+    assert traj.status == Status.OK, traj.error
+    assert traj.reward is not None and traj.reward.reward == 0.0
+    assert any("and here" in step.observation for step in traj.steps)

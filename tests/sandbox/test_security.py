@@ -49,6 +49,37 @@ async def test_memory_bomb_is_oom_killed(make_spec) -> None:
         assert (await sb.exec("echo alive")).stdout == "alive\n"
 
 
+async def test_a_full_disk_never_takes_the_init_with_it(make_spec) -> None:
+    """A disk larger than the memory limit: with memory storage the files count against
+    memory, and filling them used to leave the OOM killer nothing but the init (the sandbox
+    died: an infra error of the agent's making; red team, round twenty-five). The disk fills
+    first now, and the sandbox lives on."""
+    async with open_sandbox(make_spec(memory_mb=128, disk_mb=512)) as sb:
+        r = await sb.exec("head -c 512M /dev/zero > /dev/shm/f; echo $?", timeout=30)
+        assert not sb.closed
+        assert (await sb.exec("rm -f /dev/shm/f; echo alive")).stdout == "alive\n"
+        assert r.stdout.strip() != "0" or r.oom_killed
+
+
+async def test_stop_processes_leaves_nothing_running_but_the_files(make_spec) -> None:
+    """What commands left running (a setsid daemon, a job and its children) is killed; the
+    files and the sandbox stay (the grader does this before a task's verifiers run)."""
+    daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              "        time.sleep(60)\n    os._exit(0)\n")
+    async with open_sandbox(make_spec()) as sb:
+        await sb.write_file("d.py", daemon)
+        assert (await sb.exec("python3 d.py")).exit_code == 0
+        loop = await sb.start("sleep 60 & sleep 60 & wait")
+        await sb.exec("sleep 0.3")
+        await sb.stop_processes()
+        gone = await loop.result(5)
+        assert gone.exit_code == -9 and not gone.timed_out
+        r = await sb.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
+        left = [line for line in r.stdout.splitlines() if "sleep 60" in line or "d.py" in line]
+        assert not left, r.stdout
+        assert (await sb.read_file("d.py")).decode() == daemon
+
+
 async def test_tmpfs_fill_cannot_exceed_disk(make_spec) -> None:
     async with open_sandbox(make_spec(disk_mb=8, memory_mb=256)) as sb:
         r = await sb.exec("cat /dev/zero > /tmp/fill; sync; du -sk /tmp/fill | cut -f1")

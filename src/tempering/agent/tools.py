@@ -132,9 +132,8 @@ class ToolBox:
             raise SandboxTimeoutError(f"sandbox {self.sandbox.id} did not answer within "
                                       f"{limit:.1f} s") from None
 
-    async def _bash(self, command: str, timeout: float) -> Observation:
-        if not command.strip():
-            return _error("bash needs a non-empty command")
+    async def _session(self) -> ShellSession:
+        """The open shell, or a new one (with the branch's setup) where it ended."""
         if self._shell is None or self._shell.closed:
             if self.sandbox.closed:
                 raise SandboxClosedError(f"sandbox {self.sandbox.id} is closed")
@@ -142,8 +141,23 @@ class ToolBox:
             if self.shell_setup:
                 await self._env(self._shell.run(self.shell_setup, timeout=self.env_grace_s),
                                 2 * self.env_grace_s)
-        result = await self._env(self._shell.run(command, timeout=timeout),
-                                 timeout + self.env_grace_s)
+        return self._shell
+
+    async def _bash(self, command: str, timeout: float) -> Observation:
+        if not command.strip():
+            return _error("bash needs a non-empty command")
+        try:
+            shell = await self._session()
+            result = await self._env(shell.run(command, timeout=timeout),
+                                     timeout + self.env_grace_s)
+        except SandboxClosedError:
+            if self.sandbox.closed:
+                raise
+            # The shell ended between two commands (a background ``kill -9 $$``): the model's
+            # doing, not the sandbox's failure; a new shell runs the command.
+            shell = await self._session()
+            result = await self._env(shell.run(command, timeout=timeout),
+                                     timeout + self.env_grace_s)
         if result.timed_out:
             # A command that runs past its timeout is the model's; a sandbox that cannot run
             # `true` right after is the environment's.

@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from tempering.errors import SandboxClosedError, SandboxError
 from tempering.sandbox.copyout import CopyLimits, TreeCopy
@@ -154,10 +154,16 @@ class Sandbox(abc.ABC):
     async def fork(self) -> Sandbox:
         """A new sandbox with the same spec whose files are a copy of this one's right now."""
 
-    async def make_readonly(self, path: str) -> None:
-        """Make the directory ``path`` (relative to the workdir) read-only for everything that
-        runs in the sandbox from now on, in a way nothing inside can undo."""
+    async def make_readonly(self, path: str, *more: str) -> None:
+        """Make ``path`` and ``more`` (directories or regular files, relative to the workdir)
+        read-only for everything that runs in the sandbox from now on, in a way nothing inside
+        can undo."""
         raise NotImplementedError(f"{type(self).__name__} cannot make {path!r} read-only")
+
+    async def stop_processes(self) -> None:
+        """Kill every process running in the sandbox (commands and what they left behind);
+        the sandbox and its files stay."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stop its processes")
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -306,12 +312,22 @@ class ShellSession:
         self._lock = asyncio.Lock()
         self._streams: list[_MarkerStream | None] = [None, None]
         self._dead: str | None = None
+        self._exited: asyncio.Future[tuple[int | None, str]] | None = None
 
     async def _start(self) -> None:
         sb = self._sandbox
         self._proc = await sb._spawn(
             ["/bin/sh", "-c", _SHELL], env=sb._command_env(None), cwd=sb.spec.workdir,
             stdout=lambda d: self._feed(0, d), stderr=lambda d: self._feed(1, d), stdin=PIPE)
+        # The shell may end by what it runs (``exit``, ``kill -9 $$`` from a background job):
+        # then the session is closed, and a caller opens another, as a person would.
+        self._exited = asyncio.ensure_future(self._proc.wait())
+        self._exited.add_done_callback(self._on_exit)
+
+    def _on_exit(self, exited: asyncio.Future[tuple[int | None, str]]) -> None:
+        if self._dead is None:
+            code = None if exited.cancelled() or exited.exception() else exited.result()[0]
+            self._dead = f"the shell exited (status {code})"
 
     def _feed(self, index: int, data: bytes) -> None:
         stream = self._streams[index]
@@ -345,11 +361,22 @@ class ShellSession:
             ooms = await self._sandbox._oom_kills()
             start = time.perf_counter()
             await proc.mark()
-            await proc.write(script.encode())
+            try:
+                await proc.write(script.encode())
+            except SandboxClosedError:
+                self._dead = self._dead or "the shell exited"
+                raise SandboxClosedError(f"shell session is closed ({self._dead}); open a new "
+                                         "one with sandbox.session()") from None
             both = asyncio.gather(out.done.wait(), err.done.wait())
             timed_out = False
             try:
-                await asyncio.wait_for(asyncio.shield(both), limit)
+                waits: set[asyncio.Future[Any]] = {asyncio.shield(both)}
+                if self._exited is not None:
+                    waits.add(asyncio.shield(self._exited))
+                done, _ = await asyncio.wait(waits, timeout=limit,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise TimeoutError
             except TimeoutError:
                 timed_out = True
                 await proc.kill(since_mark=True)
@@ -364,9 +391,13 @@ class ShellSession:
                     both.cancel()
             self._streams = [None, None]
             self._sandbox._command_finished()
+            status = out.status
+            if status is None and self._exited is not None and self._exited.done() \
+                    and not self._exited.cancelled() and self._exited.exception() is None:
+                status = self._exited.result()[0]  # the command ended the shell itself
             oom = ooms is not None and ((await self._sandbox._oom_kills()) or 0) > ooms
             return ExecResult(
-                exit_code=None if timed_out else out.status, stdout=out.capture.text(),
+                exit_code=None if timed_out else status, stdout=out.capture.text(),
                 stderr=err.capture.text(), timed_out=timed_out, oom_killed=oom,
                 truncated=out.capture.truncated or err.capture.truncated,
                 duration_s=time.perf_counter() - start)

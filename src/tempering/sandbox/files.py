@@ -68,7 +68,12 @@ def _confined(method: Callable[Concatenate[Storage, P], R]) -> Callable[Concaten
     """Run a Storage method with the sandbox user's filesystem ids."""
     def wrapper(self: Storage, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with as_user(self.uid, self.gid):
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except SandboxError:
+                raise
+            except OSError as exc:  # what the sandbox's own files answered: told by errno
+                raise _path_error(str(args[0]) if args else ".", exc) from None
     wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
     return wrapper
 
@@ -167,10 +172,7 @@ class Storage:
                 while view:
                     view = view[os.write(fd, view):]
             except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise SandboxError(f"sandbox disk is full writing {path!r} "
-                                       f"({len(data)} bytes); raise disk_mb") from None
-                raise
+                raise _path_error(path, exc) from None
             finally:
                 os.close(fd)
         finally:
@@ -320,9 +322,22 @@ def _path_error(path: str, exc: OSError) -> SandboxError:
         return SandboxPathError(f"path {path!r} is a directory")
     if exc.errno == errno.ENXIO:
         return SandboxPathError(f"path {path!r} is a FIFO or socket, not a regular file")
-    if exc.errno == errno.ENOSPC:
-        return SandboxError(f"sandbox disk is full at {path!r}; raise disk_mb")
-    return SandboxError(f"cannot access {path!r} in the sandbox: {exc.strerror}")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SandboxPathError(f"the sandbox's disk is full at {path!r} (its disk_mb is "
+                                "spent: remove files, or raise disk_mb)")
+    if exc.errno in HOST_ERRNOS:
+        return SandboxError(f"cannot access {path!r} in the sandbox: {exc.strerror} (the "
+                            "host's error, not the sandbox's)")
+    # Anything else (permissions, a name too long, a lease, a read-only file...) is what the
+    # sandbox's own processes made of its files: the caller's to answer, never the host's
+    # failure (an agent that chmods its file to 000 must not turn its episode into an infra
+    # error: round twenty-five).
+    return SandboxPathError(f"cannot access {path!r} in the sandbox: {exc.strerror}")
+
+
+# Errors of the host itself (its disk, memory or descriptors), whatever the sandbox did.
+HOST_ERRNOS = frozenset({errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EBADF,
+                         errno.ESTALE})
 
 
 class HostFileSandbox(Sandbox):
@@ -404,21 +419,30 @@ class InitSandbox(HostFileSandbox):
 
     _init_pid: int = 0
 
-    async def make_readonly(self, path: str) -> None:
-        """Make the directory ``path`` (relative to the workdir) read-only for everything that
-        runs in the sandbox from now on, which cannot undo it: a read-only bind mount made from
-        the host in the sandbox's mount namespace. A grader seals the hidden tests' files with
-        it before the tested code runs."""
+    async def make_readonly(self, path: str, *more: str) -> None:
+        """Make ``path`` and ``more`` (directories or regular files, relative to the workdir)
+        read-only for everything that runs in the sandbox from now on, which cannot undo it:
+        read-only bind mounts made from the host in the sandbox's mount namespace (a file so
+        bound cannot be removed or replaced either). A grader seals the hidden tests, the
+        task's protected files and its own launcher with it before the tested code runs."""
         ensure_open(self)
-        target = posixpath.join(self.spec.workdir, path)
+        targets = [posixpath.join(self.spec.workdir, p) for p in (path, *more)]
         proc = await asyncio.create_subprocess_exec(
-            str(native_binary("init")), "--seal", str(self._init_pid), target,
+            str(native_binary("init")), "--seal", str(self._init_pid), *targets,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
         _, err = await proc.communicate()
         if proc.returncode != 0:
-            raise SandboxError(f"sandbox {self.id}: could not make {path!r} read-only: "
-                               f"{err.decode(errors='replace').strip()}")
+            raise SandboxError(f"sandbox {self.id}: could not make {', '.join(targets)} "
+                               f"read-only: {err.decode(errors='replace').strip()}")
+
+    async def stop_processes(self) -> None:
+        """SIGKILL every process in the sandbox (its commands, and whatever they left running)
+        but its init; the sandbox and its files stay. A grader runs a task's verifiers only
+        once nothing of the tested code's is left."""
+        ensure_open(self)
+        assert self._channel is not None
+        await self._channel.kill_all()
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> Self:

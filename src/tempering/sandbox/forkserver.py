@@ -25,7 +25,7 @@ from tempering.errors import SandboxClosedError, SandboxStartError
 from tempering.sandbox.base import PIPE, Process, Sink
 from tempering.sandbox.uids import UidRange
 
-MSG_EXEC, MSG_KILL, MSG_MARK = 1, 2, 3
+MSG_EXEC, MSG_KILL, MSG_MARK, MSG_KILL_ALL = 1, 2, 3, 4
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
 _SPAWN_HEADER = struct.Struct("=IIIIII")  # type, id, argc, nfds, uid, gid
@@ -304,15 +304,19 @@ class InitChannel:
             proc._feed_stdin(stdin if isinstance(stdin, bytes) else b"")
         return proc
 
-    async def mark(self, ident: int) -> None:
+    async def mark(self, ident: int, kind: int = MSG_MARK) -> None:
         fut = self._loop.create_future()
         self._marks[ident] = fut
         try:
-            self.send(MSG_MARK, ident)
+            self.send(kind, ident)
         except BaseException:
             self._marks.pop(ident, None)
             raise
         await fut
+
+    async def kill_all(self) -> None:
+        """SIGKILL every process of the sandbox but its init; returns once none is left."""
+        await self.mark(next(self._ids), MSG_KILL_ALL)
 
 
 class LocalProcess(Process):

@@ -34,6 +34,8 @@
  *                 KILL  {u32 type=2, u32 id, u32 signal, u32 mode}  mode 0: the whole tree;
  *                       mode 1: only processes started since the last MARK (not the main one)
  *                 MARK  {u32 type=3, u32 id, 0, 0}  remember the processes of id's tree now
+ *                 KILLALL {u32 type=4, u32 id, 0, 0}  SIGKILL every process but PID 1 (what
+ *                       commands left behind too); answered with MARKED once none is left
  *   init -> host  READY {u32 type=100, 0, 0, 0} [error text]
  *                 EXIT  {u32 type=101, u32 id, i32 wait_status, 0}
  *                 MARKED{u32 type=102, u32 id, 0, 0}
@@ -75,7 +77,7 @@
 
 #include "wire.h"
 
-enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3 };
+enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3, MSG_KILL_ALL = 4 };
 enum { MSG_READY = 100, MSG_EXIT = 101, MSG_MARKED = 102, MSG_FAIL = 103 };
 static int CTL_FD = 3;
 enum { MAX_MSG = 1 << 20, MAX_JOBS = 4096, MAX_PROCS = 65536 };
@@ -511,6 +513,21 @@ static void mark(struct job *j) {
     j->nmarked = n;
 }
 
+static void reap(void);
+
+/* Every process of the sandbox but this one: kill(-1) from PID 1 reaches each process of its
+ * pid namespace that it may signal (all run as its user), its commands' shepherds and the
+ * daemons they left alike. Rounds until none is left, even against a fork loop; reaping as it
+ * goes reports each killed command's exit. */
+static void kill_all(void) {
+    for (int round = 0; round < 2000; round++) {
+        kill(-1, SIGKILL);
+        reap();
+        if (kill(-1, 0) < 0 && errno == ESRCH) return;
+        usleep(500);
+    }
+}
+
 static struct job *find_job(uint32_t id) {
     for (int i = 0; i < njobs; i++)
         if (jobs[i].id == id) return &jobs[i];
@@ -636,6 +653,9 @@ static void handle_message(void) {
             else mark(j);
         }
         if (h.type == MSG_MARK) send_msg(MSG_MARKED, h.id, 0, NULL);
+    } else if (h.type == MSG_KILL_ALL) {
+        kill_all();
+        send_msg(MSG_MARKED, h.id, 0, NULL);
     }
 out:
     for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -675,19 +695,53 @@ static int control_channel(const char *arg) {
  * onto itself, remounted read-only; PATH is resolved there without following a link at its
  * end, and what runs in the sandbox (no CAP_SYS_ADMIN over that namespace, mount refused by
  * seccomp) cannot undo it. */
-static int seal_path(const char *pid, const char *path) {
+/* Run by the host: `paths` (absolute, as the sandbox sees them) made read-only in the sandbox's
+ * mount namespace, for everything that runs there from now on: each a bind of itself,
+ * remounted read-only. Nothing inside holds the capability to undo it; a file so bound cannot
+ * be removed or renamed over either. A directory is reached through its own descriptor, a file
+ * through its parent's, neither through a symbolic link. */
+static int seal_one(const char *path) {
+    int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (at < 0 || fstat(at, &st) < 0) { perror(path); return 1; }
+    const char *name = ".";
+    char parent[4096];
+    if (S_ISREG(st.st_mode)) {
+        const char *slash = strrchr(path, '/');
+        if (!slash || !slash[1] || (size_t)(slash - path) >= sizeof parent) {
+            fprintf(stderr, "%s: not an absolute file path\n", path);
+            return 1;
+        }
+        memcpy(parent, path, (size_t)(slash - path));
+        parent[slash - path] = 0;
+        name = slash + 1;
+        close(at);
+        at = open(parent[0] ? parent : "/", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    } else if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: neither a directory nor a regular file\n", path);
+        return 1;
+    }
+    if (at < 0 || fchdir(at) < 0) { perror(path); return 1; }
+    close(at);
+    if (mount(name, name, NULL, MS_BIND | MS_REC, NULL) < 0) { perror("bind"); return 1; }
+    if (S_ISDIR(st.st_mode)) {
+        /* "." was the directory under the new mount: look it up again to reach the bind. */
+        int top = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (top < 0 || fchdir(top) < 0) { perror(path); return 1; }
+        close(top);
+    }
+    if (mount(NULL, name, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+              NULL) < 0) { perror("remount read-only"); return 1; }
+    return 0;
+}
+
+static int seal_paths(const char *pid, int n, char **paths) {
     char ns[64];
     snprintf(ns, sizeof ns, "/proc/%s/ns/mnt", pid);
     int nsfd = open(ns, O_RDONLY | O_CLOEXEC);
     if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) < 0) { perror(ns); return 1; }
-    int dir = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dir < 0 || fchdir(dir) < 0) { perror(path); return 1; }
-    if (mount(".", ".", NULL, MS_BIND | MS_REC, NULL) < 0) { perror("bind"); return 1; }
-    /* "." was the directory under the new mount: look it up again to reach the bind itself. */
-    int top = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (top < 0 || fchdir(top) < 0) { perror(path); return 1; }
-    if (mount(NULL, ".", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
-              NULL) < 0) { perror("remount read-only"); return 1; }
+    for (int i = 0; i < n; i++)
+        if (seal_one(paths[i]) != 0) return 1;
     return 0;
 }
 
@@ -706,7 +760,7 @@ static int limit_ptys(const char *pid, const char *options) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--seal") == 0) return seal_path(argv[2], argv[3]);
+    if (argc >= 4 && strcmp(argv[1], "--seal") == 0) return seal_paths(argv[2], argc - 3, argv + 3);
     if (argc == 4 && strcmp(argv[1], "--limit-ptys") == 0) return limit_ptys(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "--seccomp-filter") == 0) {
         /* The program, as raw struct sock_filter records, for a process that must install the

@@ -185,7 +185,7 @@ class LocalSandbox(InitSandbox):
         if self._disk_uid is None:
             self._disk_uid = uid
         storage: list[str] = []
-        disk = str(spec.disk_mb << 20)
+        disk = str(memory_disk_bytes(spec))
         tree: list[int] = []  # a fork's idmapped volume, for the init to attach (its fd 5)
         if self.storage == "volume" and snapshot_of is None:  # one quick ioctl, or a rename
             storage = _bind_volume(self._new_volume(None, uid), spec.workdir)
@@ -342,6 +342,18 @@ class LocalSandbox(InitSandbox):
             await child.close()
             raise
         return child
+
+
+# What memory storage leaves the sandbox's processes: files in a tmpfs belong to no process,
+# so a tmpfs as large as the memory limit lets a full disk make the OOM killer take the init
+# (the sandbox dies: an infra error of the agent's making, round twenty-five).
+MEMORY_RESERVE_MB = 16
+
+
+def memory_disk_bytes(spec: SandboxSpec) -> int:
+    """The size of a memory-storage sandbox's tmpfs: ``disk_mb``, but never more than the
+    memory limit less ``MEMORY_RESERVE_MB`` (a full disk then says so, ENOSPC)."""
+    return max(1, min(spec.disk_mb, spec.memory_mb - MEMORY_RESERVE_MB)) << 20
 
 
 def _bind_volume(name: str, workdir: str) -> list[str]:

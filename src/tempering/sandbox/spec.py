@@ -50,8 +50,9 @@ class SandboxSpec(BaseModel):
     storage: Literal["auto", "memory", "volume"] = "auto"
     """Where the workdir and /tmp live: ``volume`` (a copy-on-write btrfs volume of disk_mb on
     the host's disk; fork is a snapshot, whose cost does not grow with the files at rest),
-    ``memory`` (a tmpfs, counted in memory_mb too; fork copies the files) or ``auto`` (volume
-    where the host can make volumes, else memory; ``tempering doctor`` says which)."""
+    ``memory`` (a tmpfs, counted in memory_mb too, so at most memory_mb less 16; fork copies
+    the files) or ``auto`` (volume where the host can make volumes, else memory; ``tempering
+    doctor`` says which)."""
     network: bool = False
     """Egress through a network namespace of its own: the internet, but not this host, its LAN,
     private ranges or link-local (metadata); without it there is only loopback."""
