@@ -23,7 +23,7 @@ async def run_in_zygote(zygote: Zygote, files: dict[str, str], timeout: float = 
         plan = RunPlan(["tests"], "tests", "/workspace", "", runner="plain",
                        launcher_dir=ZYGOTE_DIR, sources=sources)
         forked.storage.write(plan.canary_path, b"", 0o644)
-        await forked.seal("/workspace/tests")
+        await forked.seal(["/workspace/tests"])
         report = await forked.run(plan.config, timeout, 1 << 20)
         return plan.read(report.text), report.timed_out, report.oom_killed, report.exit_code
     finally:

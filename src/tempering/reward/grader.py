@@ -38,7 +38,7 @@ from tempering.reward.runner import (
     pytest_args,
 )
 from tempering.reward.static import analyse, lint
-from tempering.reward.tamper import screen
+from tempering.reward.tamper import screen, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
@@ -234,8 +234,10 @@ class Grader:
             await task.verifiers.write_into(sb, VERIFIERS_DIR)
             run = await launcher.run(pytest_args(grading.command), task.tests,
                                      grading.tests_dir, grading.timeout_s, canary_imports(task),
-                                     isolation=isolation)
+                                     isolation=isolation, sealed=sealed_paths(task, tree))
             scores: dict[str, float] = {}
+            if task.config.verifiers:  # nothing the tested code started may watch them run
+                await sb.stop_processes()
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
                 scores.update(got)
@@ -272,9 +274,10 @@ class Grader:
             files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
             # The hidden Python files are placeholders, read by nobody, and the plain runner
-            # lists the tests before any tested code runs: only data files need sealing.
-            await forked.seal(f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if data
-                              else None)
+            # lists the tests before any tested code runs: only data files need sealing there.
+            workdir = spec.workdir.rstrip("/")
+            await forked.seal([f"{workdir}/{path}" for path in (
+                [grading.tests_dir] if data else []) + sealed_paths(task, tree)])
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
             run = plan.read(report.text)
             run.timed_out, run.oom = report.timed_out, report.oom_killed

@@ -968,18 +968,36 @@ def run_plain(config, fd):
                                       lambda cls=value, m=method: getattr(cls(), m)()))
     emit("collected", ids=[item_id for item_id, _ in items])
     unlist()
+    skips = _pytest_outcomes()
     for item_id, function in [] if config.get("collect_only") else items:
         emit("begin", id=item_id)
         try:
             function()
             outcome, message = "passed", ""
         except BaseException as exc:
-            kind = type(exc).__name__
-            outcome = {"Skipped": "skipped", "XFailed": "xfailed"}.get(kind, "failed")
-            message = _traceback()
+            outcome, message = _plain_outcome(exc, skips), _traceback()
         emit("test", id=item_id, outcome=outcome, message=message)
         emit("finish", id=item_id)
     emit("end", exitstatus=0, crossed=_crossed())
+
+
+def _pytest_outcomes():
+    """{pytest's Skipped: "skipped", XFailed: "xfailed"}, once the hidden tests are loaded
+    (in one process, one that imports pytest has it preloaded before any tested code ran): a
+    test is skipped by the class, not by its name; an exception of the tested code's called
+    ``Skipped`` is a failure (round twenty-five)."""
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if type(outcomes) is not type(sys):
+        return {}
+    found = vars(outcomes)
+    return {kind: outcome for kind, outcome in ((found.get("Skipped"), "skipped"),
+                                                (found.get("XFailed"), "xfailed"))
+            if isinstance(kind, type) and issubclass(kind, BaseException)}
+
+
+def _plain_outcome(exc, kinds):
+    return next((outcome for kind, outcome in kinds.items() if isinstance(exc, kind)),
+                "failed")
 
 
 def _crossed():

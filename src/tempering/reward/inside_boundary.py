@@ -594,7 +594,16 @@ class Boundary:
                 if reply[0] == "ok" and len(reply) >= 2:
                     return unpack(reply[1], self.resolve)
                 if reply[0] == "raise":
-                    raise _raised(reply, self.resolve)
+                    exc = _raised(reply, self.resolve)
+                    if isinstance(exc, StopIteration | StopAsyncIteration) and \
+                            message[0] != "next":
+                        # Out of anything but an iterator's ``__next__``, as PEP 479 has it
+                        # for a generator: else ``all(map(f, cases))`` or a ``for`` over
+                        # ``zip(map(f, xs), want)`` ends at the first call, checking nothing
+                        # (round twenty-five).
+                        raise RuntimeError(f"the tested code raised {type(exc).__name__} "
+                                           "outside an iterator") from exc
+                    raise exc
                 raise BoundaryError(f"an unexpected reply: {reply[0][:40]!r}")
 
     def _printed(self, reply):

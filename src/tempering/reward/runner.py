@@ -95,12 +95,14 @@ class Launcher:
 
     async def run(self, args: list[str], tests: FileTree, tests_dir: str, timeout: float,
                   canary_imports: str = "", *, collect_only: bool = False,
-                  isolation: str = "shared") -> TestRun:
+                  isolation: str = "shared", sealed: list[str] | None = None) -> TestRun:
         """Write the hidden ``tests`` (``hidden_files``: placeholders on the disk, the Python
         files' text for the launcher) and the canaries last, seal them, configure the
         launcher, and collect its checked report. ``isolation="process"`` or ``"data"``: the tested
         code runs in a process of its own (``inside_boundary.py``), forked before the
-        configuration is read."""
+        configuration is read. The tests directory, the launcher's own directory (with the
+        task's verifiers) and ``sealed`` (workdir paths: the task's protected files) are made
+        read-only before any tested code runs."""
         workdir = self.sb.spec.workdir
         placeholders, sources = hidden_files(tests, tests_dir, workdir)
         for path, data, mode in placeholders:  # after the workspace: they win any clash
@@ -108,7 +110,9 @@ class Launcher:
         plan = RunPlan(args, tests_dir, workdir, canary_imports, collect_only=collect_only,
                        runner=self.runner, sources=sources, isolation=isolation)
         await self.sb.write_file(plan.canary_path, b"")
-        await self.sb.make_readonly(tests_dir)  # its data files too: no subprocess edits them
+        # The tests' data files, the protected files the tests may read, the launcher and the
+        # verifiers: nothing the tested code starts may change them.
+        await self.sb.make_readonly(tests_dir, LAUNCHER_DIR, *(sealed or ()))
         first = f"process {workdir}" if isolation in SEPARATE else "shared"
         await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()

@@ -91,6 +91,19 @@ def screen(task: Task, final: FileTree) -> Screened:
     return out
 
 
+def sealed_paths(task: Task, tree: FileTree) -> list[str]:
+    """The task's protected paths in the graded ``tree``, to be read-only in the grading
+    sandbox: a protected directory as itself, each other protected file as itself. Screening
+    keeps the agent's edits out of them; sealed, the tested code cannot change them at run time
+    either (it would rewrite the table a test reads before the test reads it: round
+    twenty-five)."""
+    patterns = [p.rstrip("/") for p in task.config.grading.protected]
+    dirs = sorted({p for p in patterns if any(path.startswith(p + "/") for path in tree)})
+    files = [path for path in tree if matches(path, patterns)
+             and not any(path.startswith(d + "/") for d in dirs)]
+    return dirs + files
+
+
 def _pytest_config(path: str, data: bytes | None) -> bool:
     name = posixpath.basename(path)
     return name in ("pytest.ini", ".pytest.ini") or (

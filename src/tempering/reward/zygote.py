@@ -36,6 +36,7 @@ from tempering.sandbox.spec import SandboxSpec
 from tempering.sandbox.uids import UidLease, lease_uid
 
 START_TIMEOUT_S = 30.0
+SEAL_LIMIT = 60_000  # bytes of one seal request (the zygote reads 64 KiB)
 ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the zygote, read-only in the sandbox
 
 
@@ -121,22 +122,27 @@ class Forked:
         text = received.decode("utf-8", errors="replace")
         return Report(text, timed_out, oom, code, truncated)
 
-    async def seal(self, path: str | None) -> None:
-        """Make ``path`` (the hidden tests' directory, absolute in the sandbox) read-only for
-        the grading, after the files are written and before the configuration is sent; or,
-        with None, tell the zygote there is nothing to seal."""
+    async def seal(self, paths: list[str]) -> None:
+        """Make ``paths`` (directories or files, absolute in the sandbox: the hidden tests'
+        directory where it holds data files, the task's protected files) read-only for the
+        grading, after the files are written and before the configuration is sent; with none,
+        tell the zygote there is nothing to seal."""
         loop = asyncio.get_running_loop()
-        if path is None:
+        if not paths:
             await loop.sock_sendall(self.status, b"none")
             return
-        await loop.sock_sendall(self.status, b"seal " + path.encode())
+        message = b"seal " + b"\0".join(p.encode() for p in paths)
+        if len(message) > SEAL_LIMIT:
+            raise SandboxStartError(f"{len(paths)} paths to seal take {len(message)} bytes, "
+                                    f"over {SEAL_LIMIT}: protect their directories instead")
+        await loop.sock_sendall(self.status, message)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 answer = await loop.sock_recv(self.status, 4096)
         except TimeoutError:
             answer = b"no answer"
         if answer != b"sealed":
-            raise SandboxStartError(f"the grading could not seal {path}: "
+            raise SandboxStartError(f"the grading could not seal {', '.join(paths)[:300]}: "
                                     f"{answer.decode(errors='replace')}")
 
     def kill(self) -> None:
