@@ -73,6 +73,7 @@ async def test_local_engine_episode_is_token_faithful_and_stored(engine, tmp_pat
     assert stored == trajectory
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_episode_through_tempering_serve_matches_the_servers_record(
         engine, tiny_model_dir: Path, tmp_path: Path) -> None:
     """``tempering serve`` runs as its own process; the episode talks to it over HTTP."""

@@ -282,6 +282,7 @@ def median(xs):
 '''
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_betting_on_one_of_the_probes_numbers_loses_on_average(task, attempt) -> None:
     """Round nine: an object that bets the first number the probe asks is the expected one,
     and answers consistently after. It wins an assertion only if it bet on the probe's copy

@@ -55,6 +55,7 @@ def acked_since_checkpoint(run: Path) -> int:
     return len((run / "groups.jsonl").read_text().splitlines()) - logged
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 @pytest.mark.parametrize("mode", ["async", "sync"])
 async def test_a_run_writes_its_directory_and_keeps_the_bound(tmp_path, env, mode) -> None:
     from tempering.train.config import load_config
@@ -100,6 +101,7 @@ async def test_a_run_ends_once_it_reaches_its_target_reward(tmp_path, env) -> No
     assert (tmp_path / "target" / "checkpoints" / "step-000002").is_dir()  # the end's
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 def test_kill_9_resumes_with_the_next_version_and_loses_no_group(tmp_path, env) -> None:
     args = small(tmp_path, "killed", "steps=6", "rollout.max_staleness=8")
     cmd = [str(Path(sys.executable).with_name("tempering")), "train",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tempering.agent import EpisodeConfig, run_episode
 from tempering.agent.tools import tools_named
 from tempering.policy.base import SamplingParams
@@ -29,6 +31,7 @@ def test_transcripts_train_only_the_assistants_tokens(tiny_model_dir: Path) -> N
     assert "codes.txt lists" not in trained and "echo red" not in trained  # prompt, observations
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_after_warm_up_episodes_are_well_formed(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
     from tempering.policy.local import LocalEngine

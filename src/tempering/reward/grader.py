@@ -38,8 +38,8 @@ from tempering.reward.runner import (
     pytest_args,
 )
 from tempering.reward.static import analyse, lint
-from tempering.reward.tamper import screen, sealed_paths
-from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
+from tempering.reward.tamper import parents, screen, sealed_paths
+from tempering.reward.verifiers import VERIFIERS_DIR, clear_tmp, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
@@ -236,8 +236,9 @@ class Grader:
                                      grading.tests_dir, grading.timeout_s, canary_imports(task),
                                      isolation=isolation, sealed=sealed_paths(task, tree))
             scores: dict[str, float] = {}
-            if task.config.verifiers:  # nothing the tested code started may watch them run
+            if task.config.verifiers:  # nothing the tested code started or left may touch them
                 await sb.stop_processes()
+                await clear_tmp(sb)
             for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
                 scores.update(got)
@@ -275,9 +276,11 @@ class Grader:
             await asyncio.to_thread(_write_all, forked.storage, files)
             # The hidden Python files are placeholders, read by nobody, and the plain runner
             # lists the tests before any tested code runs: only data files need sealing there.
-            workdir = spec.workdir.rstrip("/")
+            workdir, sealed = spec.workdir.rstrip("/"), sealed_paths(task, tree)
             await forked.seal([f"{workdir}/{path}" for path in (
-                [grading.tests_dir] if data else []) + sealed_paths(task, tree)])
+                [grading.tests_dir] if data else []) + sealed],
+                pin=[f"{workdir}/{path}" for path in parents(
+                    [grading.tests_dir, *sealed] if data else sealed)])
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
             run = plan.read(report.text)
             run.timed_out, run.oom = report.timed_out, report.oom_killed

@@ -96,7 +96,8 @@ def fresh_storage(disk_bytes, workdir):
 def seal(status, workdir):
     """Once the host has written the files, make the paths it names (the hidden tests'
     directory where it holds data files, the task's protected files) read-only for the
-    grading: each a bind of itself, remounted read-only (the grading, in a user namespace of
+    grading, and pin their parents (a bind of itself, left writable: a mount point cannot be
+    renamed away): each a bind of itself, remounted read-only (the grading, in a user namespace of
     its own without capabilities, cannot undo it; a file so bound cannot be removed or
     replaced), so nothing the tested code starts can change what the tests read. Answers
     ``sealed`` (or the error) on the status socket; to anything else (``none``: nothing to
@@ -105,13 +106,16 @@ def seal(status, workdir):
     if not message.startswith(b"seal "):
         return
     try:
-        for raw in message[5:].split(b"\0"):
-            path = os.path.realpath(raw.decode())
+        for raw in message[5:].split(b"\0"):  # "+PATH": pinned (bound, left writable)
+            pinned = raw.startswith(b"+")
+            path = os.path.realpath(raw[pinned:].decode())
             if not path.startswith(workdir.rstrip("/") + "/"):
                 raise OSError(f"{path} is outside the workdir")
-            if os.path.isdir(path) or os.path.isfile(path):
+            if os.path.isdir(path) or os.path.isfile(path) and not pinned:
                 mount(path, path, None, MS_BIND | MS_REC)
-                mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+                if not pinned:
+                    mount(None, path, None,
+                          MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         status.send(b"sealed")
     except OSError as exc:
         status.send(f"failed: {exc}".encode())

@@ -33,6 +33,7 @@ from types import CodeType
 from tempering.reward import canary
 from tempering.reward.inside_compile import compile_hidden
 from tempering.reward.kept import Kept
+from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
 from tempering.tasks.files import FileTree
@@ -112,7 +113,8 @@ class Launcher:
         await self.sb.write_file(plan.canary_path, b"")
         # The tests' data files, the protected files the tests may read, the launcher and the
         # verifiers: nothing the tested code starts may change them.
-        await self.sb.make_readonly(tests_dir, LAUNCHER_DIR, *(sealed or ()))
+        await self.sb.make_readonly(tests_dir, LAUNCHER_DIR, *(sealed or ()),
+                                    pin=parents([tests_dir, *(sealed or ())]))
         first = f"process {workdir}" if isolation in SEPARATE else "shared"
         await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()

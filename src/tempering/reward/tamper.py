@@ -104,6 +104,14 @@ def sealed_paths(task: Task, tree: FileTree) -> list[str]:
     return dirs + files
 
 
+def parents(paths: list[str]) -> list[str]:
+    """The directories above ``paths`` (below the workdir), outermost first: pinned where
+    the paths are sealed, so that renaming a parent cannot move a sealed file out of the way
+    of the path a test reads (round twenty-six)."""
+    found = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    return sorted(found, key=lambda d: (d.count("/"), d))
+
+
 def _pytest_config(path: str, data: bytes | None) -> bool:
     name = posixpath.basename(path)
     return name in ("pytest.ini", ".pytest.ini") or (

@@ -20,6 +20,7 @@ import json
 import math
 import secrets
 
+from tempering.errors import SandboxError
 from tempering.reward.runner import LAUNCHER_DIR, encode_config, parse_report_records
 from tempering.sandbox import Sandbox
 from tempering.tasks.task import VerifierConfig
@@ -27,10 +28,21 @@ from tempering.tasks.task import VerifierConfig
 VERIFIERS_DIR = f"{LAUNCHER_DIR}/verifiers"
 
 
+async def clear_tmp(sb: Sandbox) -> None:
+    """Empty /tmp (the commands' HOME) of what the test run left, but the launcher's sealed
+    directory: a ``usercustomize.py`` under ``~/.local`` would run inside a command verifier's
+    Python and print its scores (round twenty-six). Run once no process of the test run is
+    left (``stop_processes``)."""
+    result = await sb.exec(["find", "/tmp", "-mindepth", "1", "-maxdepth", "1", "!", "-path",
+                            LAUNCHER_DIR, "-exec", "rm", "-rf", "{}", "+"], timeout=60)
+    if result.exit_code != 0:
+        raise SandboxError(f"could not clear /tmp before the verifiers: {result.stderr[-300:]}")
+
+
 async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str, float], str]:
     """(scores by component, problem or ""); every declared component gets a score."""
     names = verifier.component_names
-    env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR}
+    env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR, "PYTHONNOUSERSITE": "1"}
     if verifier.command is not None:
         result = await sb.exec(verifier.command, timeout=verifier.timeout_s, env=env)
         lines = [line for line in result.stdout.splitlines() if line.strip()]

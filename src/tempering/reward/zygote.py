@@ -122,16 +122,18 @@ class Forked:
         text = received.decode("utf-8", errors="replace")
         return Report(text, timed_out, oom, code, truncated)
 
-    async def seal(self, paths: list[str]) -> None:
+    async def seal(self, paths: list[str], pin: list[str] | None = None) -> None:
         """Make ``paths`` (directories or files, absolute in the sandbox: the hidden tests'
         directory where it holds data files, the task's protected files) read-only for the
         grading, after the files are written and before the configuration is sent; with none,
-        tell the zygote there is nothing to seal."""
+        tell the zygote there is nothing to seal. ``pin``: directories bound onto themselves,
+        writable, so that no rename of a parent moves a sealed file away."""
         loop = asyncio.get_running_loop()
         if not paths:
             await loop.sock_sendall(self.status, b"none")
             return
-        message = b"seal " + b"\0".join(p.encode() for p in paths)
+        message = b"seal " + b"\0".join([p.encode() for p in paths]
+                                        + [b"+" + p.encode() for p in pin or ()])
         if len(message) > SEAL_LIMIT:
             raise SandboxStartError(f"{len(paths)} paths to seal take {len(message)} bytes, "
                                     f"over {SEAL_LIMIT}: protect their directories instead")

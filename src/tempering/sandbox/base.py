@@ -154,10 +154,10 @@ class Sandbox(abc.ABC):
     async def fork(self) -> Sandbox:
         """A new sandbox with the same spec whose files are a copy of this one's right now."""
 
-    async def make_readonly(self, path: str, *more: str) -> None:
+    async def make_readonly(self, path: str, *more: str, pin: Sequence[str] = ()) -> None:
         """Make ``path`` and ``more`` (directories or regular files, relative to the workdir)
         read-only for everything that runs in the sandbox from now on, in a way nothing inside
-        can undo."""
+        can undo; the directories ``pin`` stay writable but can no longer be renamed."""
         raise NotImplementedError(f"{type(self).__name__} cannot make {path!r} read-only")
 
     async def stop_processes(self) -> None:

@@ -419,14 +419,19 @@ class InitSandbox(HostFileSandbox):
 
     _init_pid: int = 0
 
-    async def make_readonly(self, path: str, *more: str) -> None:
+    async def make_readonly(self, path: str, *more: str, pin: Sequence[str] = ()) -> None:
         """Make ``path`` and ``more`` (directories or regular files, relative to the workdir)
         read-only for everything that runs in the sandbox from now on, which cannot undo it:
         read-only bind mounts made from the host in the sandbox's mount namespace (a file so
-        bound cannot be removed or replaced either). A grader seals the hidden tests, the
-        task's protected files and its own launcher with it before the tested code runs."""
+        bound cannot be removed or replaced either). ``pin``: directories bound onto
+        themselves and left writable, so that they cannot be renamed or removed (the parents
+        of a sealed file: else the way to it could be moved away). A grader seals the hidden
+        tests, the task's protected files and its own launcher with it before the tested code
+        runs."""
         ensure_open(self)
         targets = [posixpath.join(self.spec.workdir, p) for p in (path, *more)]
+        if pin:
+            targets += ["--pin", *(posixpath.join(self.spec.workdir, p) for p in pin)]
         proc = await asyncio.create_subprocess_exec(
             str(native_binary("init")), "--seal", str(self._init_pid), *targets,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

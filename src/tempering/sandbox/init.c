@@ -700,7 +700,7 @@ static int control_channel(const char *arg) {
  * remounted read-only. Nothing inside holds the capability to undo it; a file so bound cannot
  * be removed or renamed over either. A directory is reached through its own descriptor, a file
  * through its parent's, neither through a symbolic link. */
-static int seal_one(const char *path) {
+static int seal_one(const char *path, int readonly) {
     int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (at < 0 || fstat(at, &st) < 0) { perror(path); return 1; }
@@ -730,8 +730,8 @@ static int seal_one(const char *path) {
         if (top < 0 || fchdir(top) < 0) { perror(path); return 1; }
         close(top);
     }
-    if (mount(NULL, name, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
-              NULL) < 0) { perror("remount read-only"); return 1; }
+    if (readonly && mount(NULL, name, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID |
+                          MS_NODEV, NULL) < 0) { perror("remount read-only"); return 1; }
     return 0;
 }
 
@@ -740,8 +740,13 @@ static int seal_paths(const char *pid, int n, char **paths) {
     snprintf(ns, sizeof ns, "/proc/%s/ns/mnt", pid);
     int nsfd = open(ns, O_RDONLY | O_CLOEXEC);
     if (nsfd < 0 || setns(nsfd, CLONE_NEWNS) < 0) { perror(ns); return 1; }
-    for (int i = 0; i < n; i++)
-        if (seal_one(paths[i]) != 0) return 1;
+    /* After "--pin", directories bound onto themselves and left writable: a mount point
+     * cannot be renamed or removed, so the way to a sealed file below them stays put. */
+    int readonly = 1;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(paths[i], "--pin") == 0) { readonly = 0; continue; }
+        if (seal_one(paths[i], readonly) != 0) return 1;
+    }
     return 0;
 }
 

@@ -1,0 +1,110 @@
+"""Red team, round twenty-six, against 297c7f1 (each a failing test on that commit).
+
+Closed here:
+
+1. every isolation: a protected file in a subdirectory was sealed, but its parent was not a
+   mount point: the tested code renamed the parent away at import and put a table of its own
+   at the path the test reads. Now every parent of a sealed path is pinned (bound onto
+   itself, writable: a mount point cannot be renamed).
+2. a command verifier's Python read a ``usercustomize.py`` the tested code left under
+   ``$HOME/.local`` (``HOME`` is /tmp), which printed the verifier's scores. Now /tmp is
+   emptied once the test run's processes are gone, and verifiers run without the user site.
+
+Declared, not closed (docs/rewards.md): in one process (``shared``, which auto picks for a
+test that opens files itself), the tested code that changes the working directory at import
+changes what the test's relative paths name.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redteam_parts import MEDIAN_SOLUTION
+from test_redteam_round25 import verified_task
+
+from conftest import _attempt
+from tempering.reward import Grader
+from tempering.tasks import Task, load_task
+
+
+def fixtures_task(root, runner: str, isolation: str) -> Task:
+    for part in ("workspace/fixtures", "tests", "solution"):
+        (root / part).mkdir(parents=True)
+    (root / "task.toml").write_text(
+        '[task]\nid = "median-fixtures"\n\n[grading]\ncommand = "python3 -m pytest tests"\n'
+        f'runner = "{runner}"\nisolation = "{isolation}"\ntimeout_s = 60\n'
+        'protected = ["fixtures/cases.json"]\n')
+    (root / "instruction.md").write_text("Implement median().\n")
+    (root / "workspace" / "fixtures" / "cases.json").write_text("[[[3,1,2],2],[[4,1,3,2],2.5]]")
+    (root / "workspace" / "fixtures" / "README.md").write_text("The cases.\n")
+    (root / "workspace" / "stats.py").write_text("def median(values):\n    pass\n")
+    (root / "solution" / "stats.py").write_text(MEDIAN_SOLUTION)
+    (root / "tests" / "test_median.py").write_text('''import json
+from pathlib import Path
+
+from stats import median
+
+CASES = json.loads(Path("fixtures/cases.json").read_text())
+
+
+def test_cases():
+    for values, want in CASES:
+        assert median(values) == want
+''')
+    return load_task(root)
+
+
+RENAME_PARENT = '''import json
+import os
+
+try:
+    os.rename("fixtures", ".fixtures_old")
+    os.mkdir("fixtures")
+    with open("fixtures/cases.json", "w") as f:
+        json.dump([[[0], 0]], f)
+except OSError:
+    pass
+
+
+def median(values):
+    return 0
+'''
+
+
+@pytest.mark.parametrize("runner", ["pytest", "plain"])
+@pytest.mark.parametrize("isolation", ["auto", "shared"])
+async def test_a_sealed_file_cannot_be_moved_away_with_its_parent(tmp_path, runner, isolation):
+    task = fixtures_task(tmp_path, runner, isolation)
+    honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION,
+                                   "fixtures/notes.md": "an honest file beside the cases\n"})
+    assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
+    result = await _attempt(task, {"stats.py": RENAME_PARENT})
+    assert result.reward == 0.0 and result.tests_passed == 0, result.tests
+
+
+USER_SITE = '''import os
+import sys
+
+_site = os.path.expanduser(
+    f"~/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages")
+try:
+    os.makedirs(_site, exist_ok=True)
+    with open(os.path.join(_site, "usercustomize.py"), "w") as _f:
+        _f.write('import os, sys\\nif "TEMPERING_VERIFIERS" in os.environ:\\n'
+                 '    sys.stdout.write(\\'{"cms": 1.0}\\\\n\\'); sys.stdout.flush()\\n'
+                 '    os._exit(0)\\n')
+except OSError:
+    pass
+
+
+def slugify(title):
+    raise NotImplementedError
+'''
+
+
+@pytest.mark.parametrize("isolation", ["auto", "shared"])
+async def test_nothing_the_tests_left_in_home_runs_in_a_verifier(tmp_path, isolation):
+    task = verified_task(tmp_path, isolation)
+    async with Grader() as grader:
+        result = await _attempt(task, {"slug.py": USER_SITE}, grader=grader)
+    assert result.components["cms"] == 0.0 and result.reward == 0.0, (result.components,
+                                                                      result.details[:3])
