@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, attack_case, spec_task
 
-from conftest import _attempt
+from conftest import _attempt, isolated
 from tempering.reward import Grader
 from tempering.tasks import Task, load_task
 
@@ -283,8 +283,6 @@ def median(values):
 async def test_an_exception_named_skipped_is_a_failure_not_a_skip(task, isolation):
     if isolation == "data" and task.config.grading.runner == "pytest":
         pytest.skip("the pytest runner already told them apart")
-    from conftest import isolated
-
     result = await _attempt(isolated(task, isolation), {"stats.py": SKIPPED_NAME})
     assert not result.flags, (result.flags, result.details[:3])
     assert 0 < result.reward < 1 and result.tests_passed == result.tests_total - 1

@@ -96,17 +96,17 @@ def fresh_storage(disk_bytes, workdir):
 def seal(status, workdir):
     """Once the host has written the files, make the paths it names (the hidden tests'
     directory where it holds data files, the task's protected files) read-only for the
-    grading, and pin their parents (a bind of itself, left writable: a mount point cannot be
-    renamed away): each a bind of itself, remounted read-only (the grading, in a user namespace of
+    grading: each a bind of itself, remounted read-only (the grading, in a user namespace of
     its own without capabilities, cannot undo it; a file so bound cannot be removed or
-    replaced), so nothing the tested code starts can change what the tests read. Answers
-    ``sealed`` (or the error) on the status socket; to anything else (``none``: nothing to
-    seal) it answers nothing."""
+    replaced); and pin the directories above them (``+PATH``: a bind of itself, left
+    writable, since a mount point cannot be renamed away). Nothing the tested code starts can
+    change what the tests read. Answers ``sealed`` (or the error) on the status socket; to
+    anything else (``none``: nothing to seal) it answers nothing."""
     message = status.recv(1 << 16)
     if not message.startswith(b"seal "):
         return
     try:
-        for raw in message[5:].split(b"\0"):  # "+PATH": pinned (bound, left writable)
+        for raw in message[5:].split(b"\0"):
             pinned = raw.startswith(b"+")
             path = os.path.realpath(raw[pinned:].decode())
             if not path.startswith(workdir.rstrip("/") + "/"):
