@@ -84,6 +84,7 @@ def separate(request: pytest.FixtureRequest, median: Task) -> Task:
     return _separate(median, request.param)
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 @pytest.mark.parametrize(("runner", "name"), SWEEP)
 async def test_no_attack_beats_the_grader_across_the_boundary(runner, name, median) -> None:
     files, shell = MEDIAN_ATTACKS[name]

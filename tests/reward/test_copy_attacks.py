@@ -58,7 +58,8 @@ def peak_bytes(root: Path) -> Iterator[list[int]]:
         thread.join()
 
 
-@pytest.fixture(params=["local", "docker"])
+# docker: in CI's second run (scripts/test.sh -m slow); local, the same attacks, by default
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.slow)])
 def on_backend(request: pytest.FixtureRequest, median: Task) -> Task:
     why = unavailable(request.param)
     if why:

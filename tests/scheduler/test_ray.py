@@ -33,7 +33,7 @@ from tempering.scheduler.ray import RayExecutor, RayPolicy, start_inference  # n
 from tempering.scheduler.resources import Resources  # noqa: E402
 from tempering.trajectory.schema import Status  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # slow: in CI's second run
 
 MEDIAN = Path(__file__).parents[2] / "examples" / "tasks" / "median"
 SLOTS = Resources.of(sandbox=2)

@@ -10,7 +10,7 @@ import pytest
 from tempering.cli import main
 from tempering.trajectory.store import TrajectoryStore
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # slow: in CI's second run
 MEDIAN = Path(__file__).parents[2] / "examples" / "tasks" / "median"
 
 

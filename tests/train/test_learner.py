@@ -234,6 +234,7 @@ def test_save_and_load_resume_with_the_same_version_and_optimizer(tiny_model_dir
         again.load(tmp_path / "nothing")
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 def test_a_killed_learner_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
                                                            tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt"

@@ -88,6 +88,7 @@ async def test_a_run_writes_its_directory_and_keeps_the_bound(tmp_path, env, mod
     assert trained <= logged and len(trained) == 4 * 2
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_a_run_ends_once_it_reaches_its_target_reward(tmp_path, env) -> None:
     from tempering.train.config import load_config
     from tempering.train.trainer import Trainer
@@ -148,6 +149,7 @@ def test_kill_9_resumes_with_the_next_version_and_loses_no_group(tmp_path, env) 
     assert len(set(acked_before) & trained) >= 2  # the test saw groups cross the kill
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 @pytest.mark.ray
 async def test_the_same_config_trains_on_ray(tmp_path, env) -> None:
     """Rollouts on a Ray rollout worker, the engine in an inference actor, weights published to

@@ -346,6 +346,7 @@ def check_run(run: Path, acknowledged: set[str], steps: int = 4) -> list[Traject
     return trajectories
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) -> None:
     rng = random.Random(os.getpid())
     acknowledged: set[str] = set()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import time
 from importlib.util import MAGIC_NUMBER
 from types import TracebackType
@@ -107,8 +108,19 @@ class Grader:
             raise
 
     def prestart(self, task: Task) -> None:
-        """Start ``warm`` launchers for tasks like ``task`` now, before its first grading."""
+        """Start now, before the first grading of tasks like ``task``, what grades them: the
+        grading zygote where it does (``_forks``), else ``warm`` launchers (a launcher started
+        for a task the zygote grades is never used: a sandbox and a pytest import spent)."""
+        if self._forks(task):
+            task_ = asyncio.get_running_loop().create_task(self._prestart_zygote(task))
+            self._tasks.add(task_)
+            task_.add_done_callback(self._tasks.discard)
+            return
         self._prestart(grading_spec(task), task.config.grading.runner)
+
+    async def _prestart_zygote(self, task: Task) -> None:
+        with contextlib.suppress(SandboxError, OSError):  # the first grading reports it
+            await self._zygote(grading_spec(task))
 
     def _prestart(self, spec: SandboxSpec, runner: str) -> None:
         """Top the stock of started launchers for ``spec`` and ``runner`` up to ``warm``."""
