@@ -10,18 +10,22 @@ Closed here:
    ``$HOME/.local`` (``HOME`` is /tmp), which printed the verifier's scores. Now /tmp is
    emptied once the test run's processes are gone, and verifiers run without the user site.
 
-Declared, not closed (docs/rewards.md): in one process (``shared``, which auto picks for a
-test that opens files itself), the tested code that changes the working directory at import
-changes what the test's relative paths name.
+3. auto graded a test that reads its fixtures with ``open`` in one process, where the tested
+   code's ``os.chdir`` at import pointed the test's relative paths at a table of its own. Such a
+   test exchanges data only: ``open`` no longer keeps a task in one process (one that hands the
+   tested code a file still stays there, by its reference solution's run).
+
+Declared, not closed (docs/rewards.md): in one process (a task that needs ``shared``), the
+tested code that changes the working directory changes what the test's relative paths name.
 """
 
 from __future__ import annotations
 
 import pytest
-from redteam_parts import MEDIAN_SOLUTION
+from redteam_parts import MEDIAN_SOLUTION, spec_task
 from test_redteam_round25 import verified_task
 
-from conftest import _attempt
+from conftest import _attempt, isolated
 from tempering.reward import Grader
 from tempering.tasks import Task, load_task
 
@@ -108,3 +112,71 @@ async def test_nothing_the_tests_left_in_home_runs_in_a_verifier(tmp_path, isola
         result = await _attempt(task, {"slug.py": USER_SITE}, grader=grader)
     assert result.components["cms"] == 0.0 and result.reward == 0.0, (result.components,
                                                                       result.details[:3])
+
+
+OPEN_TESTS = '''import json
+
+from stats import median
+
+with open("examples.json") as f:
+    EXAMPLES = json.load(f)
+
+
+def test_examples():
+    for values, want in EXAMPLES:
+        assert median(values) == want
+'''
+
+CHDIR = '''import json
+import os
+import tempfile
+
+_d = tempfile.mkdtemp()
+with open(os.path.join(_d, "examples.json"), "w") as _f:
+    json.dump([[[0], 0]], _f)
+os.chdir(_d)
+
+
+def median(values):
+    return 0
+'''
+
+FILE_TESTS = '''from stats import median_of_file
+
+
+def test_file(tmp_path):
+    path = tmp_path / "values.txt"
+    path.write_text("3\\n1\\n2\\n")
+    with open(path) as f:
+        assert median_of_file(f) == 2
+'''
+
+FILE_SOLUTION = '''def median_of_file(f):
+    values = sorted(int(line) for line in f)
+    return values[len(values) // 2]
+'''
+
+
+@pytest.mark.parametrize("runner", ["pytest", "plain"])
+async def test_fixtures_a_test_opens_are_read_across_the_boundary(tmp_path, runner):
+    """A test that reads its fixtures with ``open`` was graded in one process by auto, where
+    the tested code's ``os.chdir`` at import pointed them elsewhere; it exchanges data only,
+    and is graded across the boundary now (the solver's working directory is its own)."""
+    task = spec_task(tmp_path, runner, "auto", "stats", OPEN_TESTS, MEDIAN_SOLUTION)
+    (tmp_path / f"{runner}-auto" / "workspace" / "examples.json").write_text(
+        "[[[3,1,2],2],[[4,1,3,2],2.5]]")
+    task = isolated(load_task(tmp_path / f"{runner}-auto"), "auto")
+    async with Grader() as grader:
+        assert (await grader.isolation(task))[0] == "data"
+        honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION}, grader=grader)
+        assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
+        result = await _attempt(task, {"stats.py": CHDIR}, grader=grader)
+    assert result.reward == 0.0 and result.tests_passed == 0, result.tests
+
+
+async def test_a_test_that_hands_the_tested_code_a_file_stays_in_one_process(tmp_path):
+    task = spec_task(tmp_path, "pytest", "auto", "stats", FILE_TESTS, FILE_SOLUTION)
+    async with Grader() as grader:
+        assert (await grader.isolation(task))[0] == "shared"
+        honest = await _attempt(task, {"stats.py": FILE_SOLUTION}, grader=grader)
+    assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])

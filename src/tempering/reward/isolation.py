@@ -29,8 +29,12 @@ REACHING = frozenset({
     "setattr", "delattr", "vars", "globals", "locals", "id", "inspect", "importlib", "reload",
     "gc", "pickle", "weakref", "warns", "catch_warnings", "deprecated_call", "asyncio",
     "threading", "multiprocessing", "modules", "getsource",
-    # objects of the test's own whose behaviour a copy would lose: files, buffers, collections
-    "open", "StringIO", "BytesIO", "defaultdict", "deque", "OrderedDict", "Counter",
+    # objects of the test's own whose behaviour a copy would lose: buffers, collections (not
+    # ``open``: a test that reads its fixtures passes data, and one that passes the tested
+    # code a file is kept in one process by its reference solution's run, where the file is
+    # refused; in one process, the tested code's ``os.chdir`` at import redirected the
+    # fixtures a test opened after importing it: round twenty-six)
+    "StringIO", "BytesIO", "defaultdict", "deque", "OrderedDict", "Counter",
     "namedtuple", "dataclass", "Enum",
     "__dict__", "__code__", "__globals__", "__class__", "__module__", "__file__", "__path__"})
 _IDENTITY_OK = (type(None), bool, type(...))
