@@ -9,9 +9,9 @@ bash scripts/setup.sh || exit 1
 .venv/bin/ruff check src tests benchmarks || exit 1
 .venv/bin/mypy || exit 1
 # With no arguments, the default run leaves out the tests marked slow (about seven minutes:
-# training runs, the Ray cluster tests, kill -9 resumes, the docker copy attacks and the
-# sweep of every earlier attack across the process boundary); `bash scripts/test.sh -m slow`
-# runs those, and CI runs both.
+# training runs, the Ray cluster tests, kill -9 resumes, the tiny model's episodes, the
+# slowest attacks and the sweep of every earlier attack across the process boundary);
+# `bash scripts/test.sh -m slow` runs those, and CI runs both.
 if [ $# -eq 0 ]; then
     set -- -m "not slow"
 fi

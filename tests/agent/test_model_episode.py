@@ -53,6 +53,7 @@ def _recomputed_logprobs(engine, trajectory: Trajectory) -> tuple[list[float], l
     return [logprobs[i] for i in picked], [fresh[i - 1] for i in picked]
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_local_engine_episode_is_token_faithful_and_stored(engine, tmp_path) -> None:
     task = load_task(MEDIAN)
     async with Grader() as grader:

@@ -4,7 +4,7 @@ of their own that later rounds wrote, in the layout of examples/tasks/median."""
 from pathlib import Path
 
 from conftest import _attempt, isolated
-from tempering.reward import RewardResult
+from tempering.reward import Grader, RewardResult
 from tempering.tasks import Task, load_task
 
 MEDIAN_SOLUTION = '''def median(values):
@@ -88,6 +88,15 @@ async def attack_case(root: Path, runner: str, isolation: str, module: str, test
         show(f"honest {runner}/{isolation}", honest)
         assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
     return result
+
+
+async def honest_then(task: Task, honest: dict[str, str], attack: dict[str, str],
+                      grader: Grader | None = None) -> RewardResult:
+    """``honest`` (the agent's files) graded on ``task`` must keep its full reward with no
+    flag; then ``attack``'s grade, for the test to judge."""
+    result = await _attempt(task, honest, grader=grader)
+    assert result.reward == 1.0 and not result.flags, (result.flags, result.details[:3])
+    return await _attempt(task, attack, grader=grader)
 
 
 def humaneval_task(task_id: str, isolation: str = "data") -> Task:

@@ -70,7 +70,9 @@ def on_backend(request: pytest.FixtureRequest, median: Task) -> Task:
     return dataclasses.replace(median, config=median.config.model_copy(update={"sandbox": spec}))
 
 
-@pytest.mark.parametrize("attack", ATTACKS)
+# the slowest: in CI's second run (scripts/test.sh -m slow)
+@pytest.mark.parametrize("attack", [pytest.param(a, marks=pytest.mark.slow)
+                                    if a == "empty_files_100000" else a for a in ATTACKS])
 async def test_a_shaped_workspace_gets_an_honest_grade(on_backend: Task, attack: str,
                                                        tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ shows that code its own files (the expected values in them).
 from __future__ import annotations
 
 import pytest
-from redteam_parts import MEDIAN_SOLUTION, attack_case, spec_task
+from redteam_parts import MEDIAN_SOLUTION, attack_case, honest_then, spec_task
 
 from conftest import _attempt, isolated
 from tempering.reward import Grader
@@ -81,7 +81,8 @@ def is_prime(n):
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["auto", "data"])
-@pytest.mark.parametrize("attack", [STOP, STOP_SUBCLASS], ids=["builtin", "subclass"])
+@pytest.mark.parametrize("attack", [STOP, pytest.param(STOP_SUBCLASS, marks=pytest.mark.slow)],
+                         ids=["builtin", "subclass"])
 async def test_stop_iteration_ends_no_iteration_of_the_tests(tmp_path, runner, isolation,
                                                             attack):
     result = await attack_case(tmp_path, runner, isolation, "primes", PRIMES_TESTS,
@@ -186,10 +187,8 @@ def median(values):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["auto", "shared"])
 async def test_protected_files_cannot_be_rewritten_at_run_time(tmp_path, runner, isolation):
-    task = examples_task(tmp_path, runner, isolation)
-    honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION})
-    assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
-    result = await _attempt(task, {"stats.py": REWRITE})
+    result = await honest_then(examples_task(tmp_path, runner, isolation),
+                               {"stats.py": MEDIAN_SOLUTION}, {"stats.py": REWRITE})
     assert result.reward == 0.0 and result.tests_passed == 0, result.tests
 
 

@@ -22,7 +22,7 @@ tested code that changes the working directory changes what the test's relative 
 from __future__ import annotations
 
 import pytest
-from redteam_parts import MEDIAN_SOLUTION, spec_task
+from redteam_parts import MEDIAN_SOLUTION, honest_then, spec_task
 from test_redteam_round25 import verified_task
 
 from conftest import _attempt, isolated
@@ -77,11 +77,10 @@ def median(values):
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("isolation", ["auto", "shared"])
 async def test_a_sealed_file_cannot_be_moved_away_with_its_parent(tmp_path, runner, isolation):
-    task = fixtures_task(tmp_path, runner, isolation)
-    honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION,
-                                   "fixtures/notes.md": "an honest file beside the cases\n"})
-    assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
-    result = await _attempt(task, {"stats.py": RENAME_PARENT})
+    result = await honest_then(fixtures_task(tmp_path, runner, isolation),
+                               {"stats.py": MEDIAN_SOLUTION,
+                                "fixtures/notes.md": "an honest file beside the cases\n"},
+                               {"stats.py": RENAME_PARENT})
     assert result.reward == 0.0 and result.tests_passed == 0, result.tests
 
 
@@ -168,9 +167,8 @@ async def test_fixtures_a_test_opens_are_read_across_the_boundary(tmp_path, runn
     task = isolated(load_task(tmp_path / f"{runner}-auto"), "auto")
     async with Grader() as grader:
         assert (await grader.isolation(task))[0] == "data"
-        honest = await _attempt(task, {"stats.py": MEDIAN_SOLUTION}, grader=grader)
-        assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
-        result = await _attempt(task, {"stats.py": CHDIR}, grader=grader)
+        result = await honest_then(task, {"stats.py": MEDIAN_SOLUTION}, {"stats.py": CHDIR},
+                                   grader)
     assert result.reward == 0.0 and result.tests_passed == 0, result.tests
 
 
