@@ -248,10 +248,12 @@ class Grader:
                                      grading.tests_dir, grading.timeout_s, canary_imports(task),
                                      isolation=isolation, sealed=sealed_paths(task, tree))
             scores: dict[str, float] = {}
-            if task.config.verifiers:  # nothing the tested code started or left may touch them
+            for verifier in task.config.verifiers:
+                # Nothing the tested code started or left may touch a verifier: not what the
+                # test run left, nor what the agent's code left while an earlier verifier ran
+                # it (round twenty-seven).
                 await sb.stop_processes()
                 await clear_tmp(sb)
-            for verifier in task.config.verifiers:
                 got, problem = await run_verifier(sb, verifier)
                 scores.update(got)
                 if problem:
