@@ -15,6 +15,10 @@ Closed here:
    test exchanges data only: ``open`` no longer keeps a task in one process (one that hands the
    tested code a file still stays there, by its reference solution's run).
 
+4. (round twenty-seven, which beat nothing else) a daemon the agent's code started while a
+   verifier ran it lived on through the next verifier. Now each verifier starts with no
+   process of the sandbox's but its init, and a clean /tmp.
+
 Declared, not closed (docs/rewards.md): in one process (a task that needs ``shared``), the
 tested code that changes the working directory changes what the test's relative paths name.
 """
@@ -178,3 +182,61 @@ async def test_a_test_that_hands_the_tested_code_a_file_stays_in_one_process(tmp
         assert (await grader.isolation(task))[0] == "shared"
         honest = await _attempt(task, {"stats.py": FILE_SOLUTION}, grader=grader)
     assert honest.reward == 1.0 and not honest.flags, (honest.flags, honest.details[:3])
+
+
+# Round twenty-seven: a daemon the agent's code starts while one verifier runs it lived on
+# through the next verifier. The second verifier here reports what it finds running.
+RUNS_AGENT = '''import subprocess
+import sys
+
+subprocess.run([sys.executable, "-c", "import slug"], timeout=10)
+print('{"first": 1.0}')
+'''
+
+LOOKS = '''import json
+import os
+
+others = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"left-behind" in f.read():
+                    others.append(pid)
+        except OSError:
+            pass
+print(json.dumps({"alone": 0.0 if others else 1.0}))
+'''
+
+LEAVES_A_DAEMON = '''import os
+import sys
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c",
+                                  "import time; time.sleep(60)  # left-behind"])
+    os._exit(0)
+
+
+def slugify(title):
+    return "-".join(title.lower().split())
+'''
+
+
+async def test_each_verifier_starts_with_nothing_of_the_agents_running(tmp_path):
+    task = verified_task(tmp_path, "auto")
+    (tmp_path / "verifiers" / "runs_agent.py").write_text(RUNS_AGENT)
+    (tmp_path / "verifiers" / "looks.py").write_text(LOOKS)
+    (tmp_path / "task.toml").write_text(
+        (tmp_path / "task.toml").read_text().replace(
+            "[reward]\ntests = 0.5\ncms = 0.5\n", "[reward]\ntests = 0.5\ncms = 0.5\n"
+            "first = 0\nalone = 0\n")
+        + '\n[[verifiers]]\nname = "first"\ncommand = "python3 $TEMPERING_VERIFIERS/runs_agent.py"'
+        '\ncomponents = ["first"]\n\n[[verifiers]]\nname = "alone"\n'
+        'command = "python3 $TEMPERING_VERIFIERS/looks.py"\ncomponents = ["alone"]\n')
+    task = load_task(tmp_path)
+    async with Grader() as grader:
+        result = await _attempt(task, {"slug.py": LEAVES_A_DAEMON}, grader=grader)
+    assert result.components["first"] == 1.0 and result.components["alone"] == 1.0, (
+        result.components, result.details[:3])
