@@ -107,11 +107,15 @@ async def test_custom_verifier_command_and_failure(tmp_path: Path, attempt) -> N
         '[task]\nid = "answer"\n[reward]\ntests = 1\nexact = 2\nshort = 1\n'
         '[[verifiers]]\nname = "judge"\ncommand = "sh $TEMPERING_VERIFIERS/check.sh"\n'
         'components = ["exact", "short"]\n'
-        '[[verifiers]]\nname = "broken"\ncommand = "exit 3"\n')
+        '[[verifiers]]\nname = "broken"\ncommand = "exit 3"\n'
+        # scores printed, then a crash: a checker that failed vouches for nothing it printed
+        '[[verifiers]]\nname = "crashed"\ncommand = "echo 1; exit 1"\n')
     task = load_task(root)
     right = await attempt(task, {"answer.txt": "42"})
     assert right.components["exact"] == 1.0 and right.reward == 1.0
     assert right.components["broken"] == 0.0 and "verifier_error" in right.flags
+    assert right.components["crashed"] == 0.0
+    assert any("crashed" in d and "exited with 1" in d for d in right.details), right.details
     wrong = await attempt(task, {"answer.txt": "41"})
     assert wrong.reward == pytest.approx((1 + 0 + 0.5) / 4)
 

@@ -6,11 +6,12 @@ check). A verifier runs after the hidden tests, in the same grading sandbox, wit
 agent never saw. Its scores become named components of the reward.
 
 - ``command``: a shell command run in the workdir; the last line of its stdout is a JSON object
-  ``{component: score}`` or one number (for a verifier with one component).
+  ``{component: score}`` or one number (for a verifier with one component), taken only when
+  the command exits with 0.
 - ``function``: ``file.py:function`` called as ``function(workdir)`` by the launcher, which
   reports the returned dict (or number) on its authenticated channel.
 
-A verifier that fails, times out or prints no scores gives 0 to its components and raises the
+A verifier that fails (a command's non-zero exit too), times out or prints no scores gives 0 to its components and raises the
 ``verifier_error`` note; scores are clamped to [0, 1].
 """
 
@@ -49,6 +50,8 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str,
         raw: object = None
         if result.timed_out:
             problem = f"timed out after {verifier.timeout_s} s"
+        elif result.exit_code != 0:  # a checker that crashed vouches for nothing it printed
+            problem = f"exited with {result.exit_code}: {result.stderr.strip()[-300:]}"
         elif not lines:
             problem = f"printed nothing (exit {result.exit_code}): {result.stderr[-300:]}"
         else:
