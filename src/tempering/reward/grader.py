@@ -253,8 +253,11 @@ class Grader:
                 # test run left, nor what the agent's code left while an earlier verifier ran
                 # it (round twenty-seven).
                 await sb.stop_processes()
-                await clear_tmp(sb)
-                got, problem = await run_verifier(sb, verifier)
+                problem = await clear_tmp(sb)
+                if problem:  # the tested code's doing: no verifier runs beside what it left
+                    got = dict.fromkeys(verifier.component_names, 0.0)
+                else:
+                    got, problem = await run_verifier(sb, verifier)
                 scores.update(got)
                 if problem:
                     flags.add("verifier_error")
