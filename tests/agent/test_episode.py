@@ -383,3 +383,58 @@ async def test_a_shell_killed_by_its_own_job_is_replaced(task, grader) -> None:
     assert traj.status == Status.OK, traj.error
     assert traj.reward is not None and traj.reward.reward == 0.0
     assert any("and here" in step.observation for step in traj.steps)
+
+
+@pytest.mark.parametrize("raw", [
+    '{"name": "bash", "arguments": {"command": "echo \\ud800"}}',
+    '{"name": "write_file", "arguments": {"path": "x.py", "content": "# \\udc00"}}',
+    '{"name": "read_file", "arguments": {"path": "\\ud83d"}}',
+    '{"name": "str_replace", "arguments": {"path": "stats.py", "old": "a", "new": "\\ud800"}}',
+], ids=["bash", "write", "read", "edit"])
+async def test_a_lone_surrogate_in_the_arguments_is_the_models_error(task, grader, raw) -> None:
+    """JSON's ``\\ud800`` escapes decode to strings no file, path or shell takes: an
+    observation, never an infra error (red team, round twenty-eight)."""
+    traj = await run_episode(task, ScriptedPolicy([f"<tool_call>{raw}</tool_call>",
+                                                   ("submit", {})]), grader=grader)
+    assert traj.status == Status.OK, traj.error
+    assert "not valid Unicode" in (traj.steps[0].error or ""), traj.steps[0].observation
+
+
+async def test_a_stopped_shell_times_out_even_a_long_command(task, grader) -> None:
+    """A background job stops the session's shell; the next command is longer than a pipe
+    holds, so writing it would wait forever: it times out as any command does, and the next
+    command runs in a new shell (round twenty-eight: it was an env_timeout, not graded)."""
+    policy = ScriptedPolicy([
+        ("bash", {"command": "(sleep 0.3; kill -STOP $$) >/dev/null 2>&1 &"}),
+        ("bash", {"command": "true # " + "A" * 200_000}),
+        ("bash", {"command": "echo new shell"}),
+        ("submit", {}),
+    ], delay_s=1.0)  # the model thinks: the shell is stopped by the time the command comes
+    traj = await run_episode(task, policy, grader=grader,
+                             config=EpisodeConfig(command_timeout_s=3, env_grace_s=3))
+    assert traj.status == Status.OK, traj.error
+    assert traj.steps[1].timed_out
+    assert "new shell" in traj.steps[2].observation
+
+
+HOG = """python3 -c '
+import os, threading, time
+if os.fork(): os._exit(0)
+os.setsid()
+while True:
+    try: threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+    except RuntimeError: time.sleep(0.005)
+' >/dev/null 2>&1 & sleep 2; kill -9 $$"""
+
+
+async def test_no_shell_for_want_of_processes_is_an_observation(task, grader) -> None:
+    """What the commands left holds every process the sandbox may have, and the shell is
+    gone: no new shell can start, which the model sees (round twenty-eight: infra_error)."""
+    policy = ScriptedPolicy([("bash", {"command": HOG}), ("bash", {"command": "echo hi"}),
+                             ("submit", {})])
+    traj = await run_episode(task, policy, grader=grader,
+                             config=EpisodeConfig(command_timeout_s=20, env_grace_s=5))
+    assert traj.status == Status.OK, traj.error
+    # no shell could start, or one did in a pid freed for a moment and could not fork
+    seen = traj.steps[1].observation
+    assert "no shell could start" in seen or "fork" in seen, seen

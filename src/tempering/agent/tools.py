@@ -114,6 +114,15 @@ class ToolBox:
         missing = [a for a in _ARGS[call.name] if not isinstance(args.get(a), str)]
         if missing:
             return _error(f"{call.name} needs string argument(s) {', '.join(missing)}")
+        for name in _ARGS[call.name]:
+            # JSON's \ud800 escapes decode to lone surrogates, which no file, path or shell
+            # takes: the model's mistake, said as one (round twenty-eight).
+            try:
+                args[name].encode()
+            except UnicodeEncodeError as exc:
+                return _error(f"the argument {name} of {call.name} is not valid Unicode: "
+                              f"{exc.object[exc.start:exc.end]!r} at character {exc.start} "
+                              "(a lone surrogate)")
         if call.name in ("submit", "give_up"):
             ends: Literal["submit", "give_up"] = "submit" if call.name == "submit" else "give_up"
             return Observation(text="", ends=ends)
@@ -155,9 +164,18 @@ class ToolBox:
                 raise
             # The shell ended between two commands (a background ``kill -9 $$``): the model's
             # doing, not the sandbox's failure; a new shell runs the command.
-            shell = await self._session()
-            result = await self._env(shell.run(command, timeout=timeout),
-                                     timeout + self.env_grace_s)
+            try:
+                shell = await self._session()
+                result = await self._env(shell.run(command, timeout=timeout),
+                                         timeout + self.env_grace_s)
+            except SandboxClosedError:
+                if self.sandbox.closed:
+                    raise
+                # A live sandbox where no shell lives: what the commands left holds its
+                # process limit (round twenty-eight). The model's to see, and to undo.
+                return _error("no shell could start in the sandbox (each ended at once); "
+                              "processes left running may hold its limit of "
+                              f"{self.sandbox.spec.pids} processes")
         if result.timed_out:
             # A command that runs past its timeout is the model's; a sandbox that cannot run
             # `true` right after is the environment's.

@@ -11,8 +11,8 @@ agent never saw. Its scores become named components of the reward.
 - ``function``: ``file.py:function`` called as ``function(workdir)`` by the launcher, which
   reports the returned dict (or number) on its authenticated channel.
 
-A verifier that fails (a command's non-zero exit too), times out or prints no scores gives 0 to its components and raises the
-``verifier_error`` note; scores are clamped to [0, 1].
+A verifier that fails (a command's non-zero exit too), times out or prints no scores gives 0 to
+its components and raises the ``verifier_error`` note; scores are clamped to [0, 1].
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 import math
 import secrets
 
-from tempering.errors import SandboxError
 from tempering.reward.runner import LAUNCHER_DIR, encode_config, parse_report_records
 from tempering.sandbox import Sandbox
 from tempering.tasks.task import VerifierConfig

@@ -362,33 +362,49 @@ class ShellSession:
             start = time.perf_counter()
             await proc.mark()
             try:
-                await proc.write(script.encode())
+                # Within the command's time: a shell that reads no input (stopped by what an
+                # earlier command left) would hold a long command's write forever.
+                await asyncio.wait_for(proc.write(script.encode()), limit)
+                stuck = None
             except SandboxClosedError:
                 self._dead = self._dead or "the shell exited"
                 raise SandboxClosedError(f"shell session is closed ({self._dead}); open a new "
                                          "one with sandbox.session()") from None
+            except TimeoutError:
+                stuck = "the shell did not read the command within its timeout"
             both = asyncio.gather(out.done.wait(), err.done.wait())
             timed_out = False
+            waits: set[asyncio.Future[Any]] = set()
             try:
-                waits: set[asyncio.Future[Any]] = {asyncio.shield(both)}
+                if stuck:
+                    raise TimeoutError
+                waits.add(asyncio.shield(both))
                 if self._exited is not None:
                     waits.add(asyncio.shield(self._exited))
-                done, _ = await asyncio.wait(waits, timeout=limit,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    waits, timeout=max(0.0, limit - (time.perf_counter() - start)),
+                    return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     raise TimeoutError
             except TimeoutError:
                 timed_out = True
                 await proc.kill(since_mark=True)
                 try:
+                    if stuck:
+                        raise TimeoutError
                     await asyncio.wait_for(asyncio.shield(both), 2.0)
                 except TimeoutError:
-                    self._dead = (f"the command {cmd[:60]!r} outran its timeout inside the "
-                                  "shell itself")
+                    self._dead = stuck or (f"the command {cmd[:60]!r} outran its timeout "
+                                           "inside the shell itself")
                     await proc.kill()
             finally:
                 if not both.done():
                     both.cancel()
+                    # a cancelled gather may end with CancelledError set as its exception,
+                    # and pass it to its shields: taken here, not logged as never retrieved
+                    both.add_done_callback(lambda f: f.cancelled() or f.exception())
+                for wait in waits:
+                    wait.cancel()  # the shields: what they guard goes on as it was
             self._streams = [None, None]
             self._sandbox._command_finished()
             status = out.status
