@@ -30,6 +30,14 @@ PYTEST_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "c
 # Standard-library names that honest code commonly reuses and nothing at test time imports.
 STDLIB_ALLOWED = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib",
                             "turtledemo", "test"})
+# Names the standard library imports when they are there but does not ship (zoneinfo takes
+# its time zones from the ``tzdata`` package where the system has no database; site runs
+# ``sitecustomize``): a workspace module or directory of such a name would be the test's own
+# oracle's data, served by the agent (red team, round twenty-nine: a fake Europe/Paris where
+# the image has no /usr/share/zoneinfo). Taken from the standard library's own imports
+# (tests/reward/test_redteam_round29.py derives them again); the others it imports only on
+# Windows, Jython or VMS, or for its own test suite.
+STDLIB_FALLBACKS = frozenset({"tzdata", "sitecustomize", "usercustomize"})
 # Whatever the import system loads as an extension module, on any platform.
 BINARY_SUFFIXES = tuple(sorted({*importlib.machinery.EXTENSION_SUFFIXES, ".so", ".pyd"}))
 PYTEST_SECTIONS = {"pyproject.toml": "[tool.pytest", "setup.cfg": "[tool:pytest]",
@@ -142,6 +150,9 @@ def _why_dropped(path: str, data: bytes | None, protected: list[str], pristine: 
         return None  # deleting an ordinary file is an ordinary edit
     if name.endswith(BINARY_SUFFIXES) and not allow_binaries:
         return "binary_dropped", "a compiled module (the task does not allow binaries)"
+    top = path.partition("/")[0].partition(".")[0]
+    if top in STDLIB_FALLBACKS and path not in pristine:  # data files too: resources
+        return "shadows_stdlib", f"{top!r}, which the standard library imports when present"
     module = _top_module(path)
     if module is not None and path not in pristine:
         if module in PYTEST_MODULES:

@@ -29,8 +29,8 @@ from tempering.sandbox.engine import Engine
 
 REPOSITORY = "tempering/python"
 BUILDER = "2"  # bump when the layout below changes: it is part of the tag
-PACKAGES = ("python3", "python3-pytest", "bash", "dash", "coreutils", "grep", "sed", "mawk",
-            "findutils", "diffutils", "procps", "tar", "gzip", "util-linux")
+PACKAGES = ("python3", "python3-pytest", "tzdata", "bash", "dash", "coreutils", "grep", "sed",
+            "mawk", "findutils", "diffutils", "procps", "tar", "gzip", "util-linux")
 SKIP = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/info/", "/usr/share/locale/",
         "/usr/share/lintian/", "/usr/local/", "/home", "/root", "/boot", "/srv", "/media",
         "/mnt", "/opt")
