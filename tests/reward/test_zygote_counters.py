@@ -117,3 +117,29 @@ def _uid(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         status = dict(line.split(":", 1) for line in f if ":" in line)
     return int(status["Uid"].split()[0])
+
+
+IPC = '''import ctypes
+
+
+def test_ipc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    sid = libc.shmget(0, 1 << 20, 0o1600)  # made, never attached: gone when its maker is
+    read = {name: open(f"/proc/sys/kernel/{name}").read().split()
+            for name in ("shm_rmid_forced", "msgmni", "sem")}
+    assert False, repr({"sid": sid, **read})
+'''
+
+
+async def test_a_gradings_sysv_objects_go_with_its_processes() -> None:
+    """As in a sandbox's init (round twenty-nine): each grading's IPC namespace forces a
+    segment's removal with its last user and holds few queues and semaphore sets."""
+    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    await zygote.start()
+    try:
+        facts = await _grade(zygote, "ipc", IPC)
+    finally:
+        await zygote.close()
+    assert facts["sid"] >= 0
+    assert facts["shm_rmid_forced"] == ["1"] and facts["msgmni"] == ["16"]
+    assert facts["sem"] == ["250", "8000", "32", "32"]

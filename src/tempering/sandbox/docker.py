@@ -12,18 +12,18 @@ image; everything else is the same machinery as the local backend, so the two ca
   and remove the container only.
 - Hardened by default: no network (with ``network=True``, a bridge fenced off from the host
   and private ranges: ``bridge.py``), all capabilities dropped, ``no-new-privileges``, read-only
-  root, a size-limited tmpfs for the workdir and for /tmp, memory/pids/cpu limits, the
+  root, size-limited storage for the workdir, /tmp and /dev/shm, memory/pids/cpu limits, the
   engine's default seccomp profile with init's own filter on top (which refuses legacy AIO and
   AF_VSOCK: this engine's default profile allows both).
 - Each container runs as a host uid of its own (``uids.py``, the same leases as the local
   backend's): without a user namespace a container's uid is the host's, and containers that
   share one share its per-user kernel counters. Its ``/etc/passwd`` and ``/etc/group`` are
   replaced by synthetic ones naming that uid ``user``; the workdir and /tmp are its own.
-- Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir
-  and /tmp (one ``disk_mb`` budget; ``fork`` is a snapshot), or, without volumes, two tmpfs
-  of half of ``disk_mb`` each (``fork`` copies). The file API works from the host with the
-  same kernel-confined resolution (``files.py``), on the volume or through
-  ``/proc/<init>/root``.
+- Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir,
+  /tmp and /dev/shm (one ``disk_mb`` budget; ``fork`` is a snapshot), or, without volumes,
+  three tmpfs within ``disk_mb`` and below ``memory_mb`` (``fork`` copies). The file API
+  works from the host with the same kernel-confined resolution (``files.py``), on the volume
+  or through ``/proc/<init>/root``.
 - Containers carry the labels ``tempering.owner`` (the owning process's tag) and
   ``tempering.sandbox``; ``reclaim()`` removes those of owners that no longer run.
 """
@@ -59,7 +59,7 @@ from tempering.sandbox.host import (
 )
 from tempering.sandbox.image import REPOSITORY, build_recipe
 from tempering.sandbox.native import home, native_binary, synthetic_etc
-from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+from tempering.sandbox.spec import SandboxSpec, SandboxUsage, memory_disk_bytes
 from tempering.sandbox.uids import UidLease, lease_uid, reclaim_uids
 
 START_TIMEOUT_S = 60.0
@@ -99,7 +99,7 @@ class DockerSandbox(InitSandbox):
         self.image = spec.image or default_image()
         self.storage = storage_for(spec.storage)
         """``volume`` (a btrfs volume of the host's pool bound in; fork is a snapshot) or
-        ``memory`` (two tmpfs of half of disk_mb each; fork copies)."""
+        ``memory`` (tmpfs for the workdir, /tmp and /dev/shm within disk_mb; fork copies)."""
         self._volume: str | None = None
         self._engine = Engine()
         self._tag = cgroup.owner_tag()
@@ -147,20 +147,29 @@ class DockerSandbox(InitSandbox):
 
     def _config(self, init: Path, uid: int) -> dict[str, Any]:
         spec = self.spec
-        size = (spec.disk_mb << 20) // 2  # two tmpfs: together at most disk_mb
-        inodes = max(size >> 10, 64)  # one inode per KiB, as the local backend: empty files too
-        user = f"uid={uid},gid={uid},nr_inodes={inodes}"
-        storage: dict[str, Any] = {
-            "Tmpfs": {spec.workdir: f"rw,exec,nosuid,nodev,size={size},mode=0755,{user}",
-                      "/tmp": f"rw,exec,nosuid,nodev,size={size},mode=1777,{user}"}}
+        # Three tmpfs, together at most disk_mb and never the whole memory limit (as the
+        # local backend's one): the files of a tmpfs belong to no process, and a full one
+        # must leave the OOM killer a command to take, not the init (round twenty-nine).
+        # /dev/shm is one of them: the engine's own is 64 MiB outside every budget.
+        total = memory_disk_bytes(spec)
+        shm = total // 8
+        size = (total - shm) // 2
+        tmpfs = {}
+        for mount, bytes_, mode in ((spec.workdir, size, "0755"), ("/tmp", size, "1777"),
+                                    ("/dev/shm", shm, "1777")):
+            inodes = max(bytes_ >> 10, 64)  # one inode per KiB, as local: empty files too
+            tmpfs[mount] = (f"rw,exec,nosuid,nodev,size={max(bytes_, 4096)},mode={mode},"
+                            f"uid={uid},gid={uid},nr_inodes={inodes}")
+        storage: dict[str, Any] = {"Tmpfs": tmpfs}
         etc = self._control_dir / "etc"
         binds = [f"{init}:/.tempering/init:ro", f"{self._control_dir}/socket.d:"
                  "/.tempering/control", f"{etc}/passwd:/etc/passwd:ro",
                  f"{etc}/group:/etc/group:ro"]
-        if self._volume is not None:  # one volume, one budget, bound at the workdir and /tmp
+        if self._volume is not None:  # one volume, one budget, bound at all three
             path = volumes().path(self._volume)
             storage = {}
-            binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp"]
+            binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp",
+                      f"{path}/shm:/dev/shm"]
         return {
             "Image": self.image, "User": f"{uid}:{uid}", "WorkingDir": spec.workdir,
             "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
@@ -174,7 +183,11 @@ class DockerSandbox(InitSandbox):
                 "PidsLimit": spec.pids, "NanoCpus": int(spec.cpus * 1e9),
                 # No ping sockets (the engine allows them to every group): their queues
                 # are charged to nothing. The init's filter refuses them too.
-                "Sysctls": {"net.ipv4.ping_group_range": "1 0"},
+                # SysV objects no process holds would be memory of the cgroup no kill frees
+                # (init.c's setup_ipc sets the same in a local sandbox).
+                "Sysctls": {"net.ipv4.ping_group_range": "1 0",
+                            "kernel.shm_rmid_forced": "1", "kernel.msgmni": "16",
+                            "kernel.sem": "250 8000 32 32"},
                 "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges:true"],
                 "ReadonlyRootfs": True, "Init": False, "Binds": binds, **storage,
             },

@@ -235,6 +235,20 @@ static void write_file(const char *path, const char *text) {
     close(fd);
 }
 
+/* SysV IPC objects outlive the processes that made them, and their memory is charged to the
+ * sandbox's cgroup: once segments and queues that no process holds fill it, the OOM killer's
+ * only candidate left is this init (the sandbox dies: red team, round twenty-nine). In the
+ * sandbox's own IPC namespace, a shared memory segment goes with its last user, and queues and
+ * semaphore sets are a few. The docker backend asks the engine for the same (docker.py), the
+ * grading zygote sets them per grading (inside_zygote.py). */
+#define IPC_MSGMNI "16"          /* message queues of 16 KiB at most (msgmnb): 256 KiB */
+#define IPC_SEM "250 8000 32 32" /* semmsl semmns semopm semmni */
+static void setup_ipc(void) {
+    write_file("/proc/sys/kernel/shm_rmid_forced", "1");
+    write_file("/proc/sys/kernel/msgmni", IPC_MSGMNI);
+    write_file("/proc/sys/kernel/sem", IPC_SEM);
+}
+
 /* bubblewrap ran us as uid 0 of a user namespace that owns the mount namespace, which is what
  * mounting needed. Commands run as an ordinary user instead: a nested user namespace maps `uid`
  * onto that uid 0 (itself the host's unprivileged sandbox uid), so files the sandbox writes are
@@ -792,6 +806,7 @@ int main(int argc, char **argv) {
      * (and the engine mounted the container's devpts). */
     if (geteuid() == 0) {
         setup_ptys();
+        setup_ipc();
         become_user((uid_t)atoi(argv[4]), (gid_t)atoi(argv[5]));
     }
     /* Commands run as the same user: without this they could ptrace the fork server. */

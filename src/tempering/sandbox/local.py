@@ -59,7 +59,7 @@ from tempering.sandbox.host import (
     volumes,
 )
 from tempering.sandbox.rootfs import system_args
-from tempering.sandbox.spec import SandboxSpec, SandboxUsage
+from tempering.sandbox.spec import SandboxSpec, SandboxUsage, memory_disk_bytes
 from tempering.sandbox.uids import UidLease, lease_uid
 
 __all__ = ["LocalSandbox", "host", "spawner", "volumes"]
@@ -342,18 +342,6 @@ class LocalSandbox(InitSandbox):
             await child.close()
             raise
         return child
-
-
-# What memory storage leaves the sandbox's processes: files in a tmpfs belong to no process,
-# so a tmpfs as large as the memory limit lets a full disk make the OOM killer take the init
-# (the sandbox dies: an infra error of the agent's making, round twenty-five).
-MEMORY_RESERVE_MB = 16
-
-
-def memory_disk_bytes(spec: SandboxSpec) -> int:
-    """The size of a memory-storage sandbox's tmpfs: ``disk_mb``, but never more than the
-    memory limit less ``MEMORY_RESERVE_MB`` (a full disk then says so, ENOSPC)."""
-    return max(1, min(spec.disk_mb, spec.memory_mb - MEMORY_RESERVE_MB)) << 20
 
 
 def _bind_volume(name: str, workdir: str) -> list[str]:

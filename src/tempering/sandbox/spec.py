@@ -145,6 +145,19 @@ class SandboxSpec(BaseModel):
         return self.model_dump_json()
 
 
+# What memory storage leaves the sandbox's processes: files in a tmpfs belong to no process,
+# so a tmpfs as large as the memory limit lets a full disk make the OOM killer take the init
+# (the sandbox dies: an infra error of the agent's making, round twenty-five; round
+# twenty-nine on the docker backend).
+MEMORY_RESERVE_MB = 16
+
+
+def memory_disk_bytes(spec: SandboxSpec) -> int:
+    """What a memory-storage sandbox's tmpfs hold in all: ``disk_mb``, but never more than
+    the memory limit less ``MEMORY_RESERVE_MB`` (a full disk then says so, ENOSPC)."""
+    return max(1, min(spec.disk_mb, spec.memory_mb - MEMORY_RESERVE_MB)) << 20
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxUsage:
     """The most a sandbox has used of its limits so far (None where the backend cannot tell)."""
