@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Self
 
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
-from tempering.reward.isolation import by_syntax, exchanges_data
+from tempering.reward.inside_guard import RAN_HERE
+from tempering.reward.isolation import by_syntax, exchanges_data, ran_here
 from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
@@ -238,7 +239,9 @@ class Grader:
         if isolation is None:
             isolation = (await self.isolation(task))[0]
         if self._forks(task):
-            return await self._run_forked(task, tree, spec, isolation), {}
+            run = await self._run_forked(task, tree, spec, isolation)
+            return await self._again_in_one_process(task, tree, flags, details, isolation,
+                                                    run, {})
         launcher = await self._launcher(spec, grading.runner)
         sb = launcher.sb
         try:
@@ -257,14 +260,36 @@ class Grader:
                 if problem:  # the tested code's doing: no verifier runs beside what it left
                     got = dict.fromkeys(verifier.component_names, 0.0)
                 else:
-                    got, problem = await run_verifier(sb, verifier)
+                    source = (task.verifiers.get(verifier.function.partition(":")[0])
+                              if verifier.function else None)
+                    got, problem, audit = await run_verifier(sb, verifier, source)
+                    for flag, detail, where in audit:  # as for the tests: the guard's word
+                        if flag != RAN_HERE:
+                            flags.add(flag)
+                            details.append(f"{flag}: {detail} (from {where}, in verifier "
+                                           f"{verifier.name})")
                 scores.update(got)
                 if problem:
                     flags.add("verifier_error")
                     details.append(f"verifier_error: {verifier.name}: {problem}")
-            return run, scores
         finally:
             await sb.close()
+        return await self._again_in_one_process(task, tree, flags, details, isolation, run,
+                                                scores)
+
+    async def _again_in_one_process(self, task: Task, tree: FileTree, flags: set[str],
+                                    details: list[str], isolation: str, run: TestRun,
+                                    scores: dict[str, float]
+                                    ) -> tuple[TestRun, dict[str, float]]:
+        """``run``, unless the tests ran the tested code in their own process across the
+        boundary, where nothing watched it (``isolation.ran_here``): then the grading in one
+        process, under the whole guard, and the task's gradings stay there."""
+        here = ran_here(run) if isolation in SEPARATE else ""
+        if not here:
+            return run, scores
+        self._isolations[task.digest] = ("shared", here)
+        details.append(f"isolation: graded in one process: {here}")
+        return await self._run(task, tree, flags, details, isolation="shared")
 
     async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec,
                           isolation: str) -> TestRun:

@@ -28,6 +28,7 @@ objects is the tested code's answer, as it is in any harness.
 Stdlib only: this runs in the grading sandbox on both sides.
 """
 
+import _frozen_importlib_external
 import builtins
 import io
 import json
@@ -1046,6 +1047,35 @@ class BoundaryFinder:
         return None  # it ran in the solver
 
 
+class WorkspaceGate:
+    """First on ``sys.meta_path``: a module that the path finder would load from the workspace
+    is the solver's, whatever put the workspace on ``sys.path`` (a test's
+    ``sys.path.insert(0, ...)``, a common opening, would otherwise have loaded the tested code
+    into this process, where nothing watches it: round thirty). What it cannot serve (a
+    workspace module below a directory the test put on the path) loads here, and the guard
+    says so (``Guard.ran_here``): the host then grades in one process."""
+
+    def __init__(self, finder, workspace, tests):
+        self.finder = finder
+        self.workspace = os.path.realpath(workspace) + "/"
+        self.tests = os.path.realpath(tests) + "/"
+
+    def find_spec(self, fullname, path=None, target=None):
+        try:
+            spec = _frozen_importlib_external.PathFinder.find_spec(fullname, path)
+        except Exception:  # a path of the solver's package: the boundary's finder has it
+            return None
+        if spec is None:
+            return None
+        places = [spec.origin, *(spec.submodule_search_locations or ())]
+        for place in places:
+            if type(place) is str and place:
+                real = os.path.realpath(place)
+                if real.startswith(self.workspace) and not real.startswith(self.tests):
+                    return self.finder.find_spec(fullname, path, target)
+        return None
+
+
 def _compiled(base):
     directory, _, name = base.rpartition("/")
     try:
@@ -1063,6 +1093,8 @@ def install(sock, workspace, tests, only_data=False):
     boundary.only_data = only_data
     boundary.tests = tests.rstrip("/") + "/"
     INSTALLED.append(boundary)
-    sys.meta_path.append(BoundaryFinder(boundary, workspace))
+    finder = BoundaryFinder(boundary, workspace)
+    sys.meta_path.append(finder)
+    sys.meta_path.insert(0, WorkspaceGate(finder, workspace, tests))
     boundary.start()
     return boundary

@@ -36,6 +36,7 @@ from operator import getitem, is_not, ne
 
 PREFIX = "@@tempering"
 REPORT_EVENT = "tempering.report"
+RAN_HERE = "tested_code_in_launcher"  # not the agent's doing: the host grades again in one process
 WATCHED = frozenset({
     "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
@@ -437,6 +438,7 @@ class Guard:
         self.made = set()
         self.integrity = Integrity()
         self.alone = False  # the tested code runs in another process (process isolation)
+        self.workspace_sources = frozenset()  # then: digests of the workspace's .py files
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
         self.launcher_globals = {_addr(_module_dict(m)) for m in list(sys.modules.values())
                                  if issubclass(type(m), _module) and _startswith(
@@ -577,6 +579,8 @@ class Guard:
                         box.append(self.codes.get(path))
             elif not self.alone:  # else nothing here is the tested code's to attribute
                 self.check(event, args)
+            elif event == "compile" or event == "exec":
+                self.ran_here(event, args)
         except Exception as exc:  # raising would break the tested code, not protect it
             try:  # but the guard could not judge this event: said, so it is never silent
                 self.flag("guard_error", f"{_text(event) or '?'}: {type(exc).__name__}",
@@ -616,6 +620,28 @@ class Guard:
             line = f"\n{PREFIX} {mac.hexdigest()} {body}\n".encode()  # a line of its own
             while line:
                 line = line[_write(self._fd, line):]
+
+    def ran_here(self, event, args):
+        """Across the process boundary (``alone``) the tested code runs in the solver, and
+        nothing here watches for it: code of the workspace's run in this process (a test that
+        put the workspace on ``sys.path`` past the boundary's finder, or ran one of its files)
+        or its text compiled here (``exec(open(...).read())``) would run unwatched. Said
+        before it runs, by the code's file or by the text; the host then grades again in one
+        process, under the whole guard (round thirty). (pytest parses sources of its own for
+        tracebacks under made-up names: a compile is judged by its text alone.)"""
+        arg = args[0] if args else None
+        if event == "exec":
+            name = _text(arg.co_filename) if type(arg) is _code else None
+            full = os.path.abspath(name) if name and not _startswith(name, "<") else ""
+            ours = (_startswith(full, self.workspace) and not _startswith(full, self.tests)
+                    and full not in self.codes and os.path.isfile(full))
+        else:
+            name = "its text"
+            source = arg.encode("utf-8", "surrogatepass") if type(arg) is str else arg
+            ours = (type(source) is bytes and bool(self.workspace_sources)
+                    and blake2b(source, digest_size=16).digest() in self.workspace_sources)
+        if ours:
+            self.flag(RAN_HERE, f"{event} of {name}"[:200], "the tests")
 
     def flag(self, flag, detail, where):
         if (flag, detail) not in self.seen:

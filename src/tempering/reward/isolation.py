@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 
+from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.kept import Kept
 from tempering.reward.runner import TestRun
 from tempering.tasks.task import Task
@@ -58,11 +59,23 @@ def by_syntax(task: Task, *, hides_tests: bool = True) -> tuple[str, str]:
     return _chosen.get(task.digest, lambda: _auto(task))
 
 
+def ran_here(run: TestRun) -> str:
+    """What of the workspace's code the tests compiled or ran in their own process, across
+    the boundary ('' if nothing): a test that put the workspace on ``sys.path`` under a
+    directory the boundary cannot serve, ran one of its files or ``exec``-ed its text. Such a
+    run is graded again in one process, where the guard watches it (round thirty)."""
+    return "; ".join(f"the tests ran the tested code in their own process ({detail})"
+                     for flag, detail, _ in run.audit if flag == RAN_HERE)
+
+
 def exchanges_data(run: TestRun, expected: int) -> str:
     """Why the reference solution's run across the boundary (``run``) shows that the tests
     need more than data from the tested code ('' if it does not): every test must pass, and
     nothing but data may have crossed (no instance held as a handle, no callable of the
     test's called back, no value refused, none of a builtin kind's subclasses flattened)."""
+    here = ran_here(run)
+    if here:
+        return here
     passed = sum(outcome == "passed" for outcome, _ in run.outcomes.values())
     if passed != expected or len(run.outcomes) != expected:
         failing = [i for i, (outcome, _) in run.outcomes.items() if outcome != "passed"]

@@ -9,7 +9,10 @@ agent never saw. Its scores become named components of the reward.
   ``{component: score}`` or one number (for a verifier with one component), taken only when
   the command exits with 0.
 - ``function``: ``file.py:function`` called as ``function(workdir)`` by the launcher, which
-  reports the returned dict (or number) on its authenticated channel.
+  reports the returned dict (or number) on its authenticated channel. The file is compiled
+  as hidden code, under the guard as the tests are, and the agent's modules it imports run
+  in a process of their own (``isolation = "data"``, the default; ``"shared"``: in one).
+  What the guard sees there raises its flags, as in the tests.
 
 A verifier that fails (a command's non-zero exit too), times out or prints no scores gives 0 to
 its components and raises the ``verifier_error`` note; scores are clamped to [0, 1].
@@ -21,7 +24,13 @@ import json
 import math
 import secrets
 
-from tempering.reward.runner import LAUNCHER_DIR, encode_config, parse_report_records
+from tempering.reward.inside_guard import RAN_HERE
+from tempering.reward.runner import (
+    LAUNCHER_DIR,
+    SEPARATE,
+    encode_config,
+    parse_report_records,
+)
 from tempering.sandbox import Sandbox
 from tempering.tasks.task import VerifierConfig
 
@@ -55,10 +64,13 @@ find /tmp -mindepth 1 -maxdepth 1 ! -path "$L" ! -type l -exec chmod -R u+rwx {}
 rm_all"""
 
 
-async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str, float], str]:
-    """(scores by component, problem or ""); every declared component gets a score."""
+async def run_verifier(sb: Sandbox, verifier: VerifierConfig, source: bytes | None = None
+                       ) -> tuple[dict[str, float], str, list[tuple[str, str, str]]]:
+    """(scores by component, problem or "", what the guard saw: (flag, detail, where));
+    every declared component gets a score. ``source``: a function verifier's file."""
     names = verifier.component_names
     env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR, "PYTHONNOUSERSITE": "1"}
+    audit: list[tuple[str, str, str]] = []
     if verifier.command is not None:
         result = await sb.exec(verifier.command, timeout=verifier.timeout_s, env=env)
         lines = [line for line in result.stdout.splitlines() if line.strip()]
@@ -75,23 +87,43 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig) -> tuple[dict[str,
             except ValueError:
                 problem = f"last line is not JSON: {lines[-1][:200]!r}"
     else:
-        file, _, function = (verifier.function or "").partition(":")
-        key = secrets.token_bytes(32)
-        config = {"key": key.hex(), "workspace": sb.spec.workdir,
-                  "file": f"{VERIFIERS_DIR}/{file}", "function": function}
-        result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
-                               stdin=b"shared\n" + encode_config(config),
-                               timeout=verifier.timeout_s,
-                               env=env)
-        records = [r for r in parse_report_records(result.stdout, key)
-                   if r.get("event") == "scores"]
-        raw = records[-1].get("scores") if records else None
-        problem = "" if records else (
-            f"timed out after {verifier.timeout_s} s" if result.timed_out
-            else f"returned no scores: {result.stderr.strip()[-300:]}")
+        raw, problem, audit = await _call_function(sb, verifier, source, env,
+                                                   verifier.isolation)
+        if verifier.isolation != "shared" and any(f == RAN_HERE for f, _, _ in audit):
+            # the verifier ran the agent's code in its own process: again, under the guard
+            raw, problem, audit = await _call_function(sb, verifier, source, env, "shared")
     scores, shape_problem = _scores(raw, names) if not problem else ({}, "")
     problem = problem or shape_problem
-    return {name: scores.get(name, 0.0) for name in names}, problem
+    return {name: scores.get(name, 0.0) for name in names}, problem, audit
+
+
+async def _call_function(sb: Sandbox, verifier: VerifierConfig, source: bytes | None,
+                         env: dict[str, str], isolation: str
+                         ) -> tuple[object, str, list[tuple[str, str, str]]]:
+    """A function verifier, called by the launcher (``inside.py verifier``) with its file
+    compiled as hidden code (the guard's, as the tests'), under ``isolation``: with ``data``
+    the agent's modules run in the solver (``inside_boundary.py``), and only data comes back
+    (round thirty: in one process, an always-equal result and a walk up the verifier's frames
+    to its table each won the verifier's score)."""
+    file, _, function = (verifier.function or "").partition(":")
+    path = f"{VERIFIERS_DIR}/{file}"
+    key = secrets.token_bytes(32)
+    config = {"key": key.hex(), "workspace": sb.spec.workdir, "file": path,
+              "function": function, "isolation": isolation,
+              "sources": {path: source} if source is not None else {}}
+    first = f"process {sb.spec.workdir}" if isolation in SEPARATE else "shared"
+    result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
+                           stdin=first.encode() + b"\n" + encode_config(config),
+                           timeout=verifier.timeout_s, env=env)
+    records = parse_report_records(result.stdout, key)
+    audit = [(str(r.get("flag")), str(r.get("detail")), str(r.get("where")))
+             for r in records if r.get("event") == "audit"]
+    scored = [r for r in records if r.get("event") == "scores"]
+    raw = scored[-1].get("scores") if scored else None
+    problem = "" if scored else (
+        f"timed out after {verifier.timeout_s} s" if result.timed_out
+        else f"returned no scores: {result.stderr.strip()[-300:]}")
+    return raw, problem, audit
 
 
 def _scores(raw: object, names: list[str]) -> tuple[dict[str, float], str]:

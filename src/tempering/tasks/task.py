@@ -150,6 +150,12 @@ class VerifierConfig(_Model):
     """Component names it reports; default: ``[name]``."""
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Wall-clock limit of the verifier."""
+    isolation: Literal["data", "shared"] = "data"
+    """Where a ``function`` verifier meets the agent's code: ``data`` (the agent's modules run
+    in a process of their own; calls go to them and only plain data comes back, so nothing of
+    the agent's can reach the verifier's frames, values or comparisons) or ``shared`` (one
+    process, under the grading guard), for a verifier that hands the agent's code more than
+    data or keeps its objects."""
 
     @model_validator(mode="after")
     def _one_way(self) -> VerifierConfig:
