@@ -159,3 +159,22 @@ async def test_fork_copies_a_deep_tree(make_spec) -> None:
         finally:
             await child.close()
     assert r.stdout == "1100 bottom\n", r.stderr
+
+
+@pytest.mark.parametrize("memory_mb,disk_mb", [(256, 16), (128, 512), (1024, 256)])
+async def test_what_the_fitted_limits_admit_fits_a_grading_sandbox(make_spec, memory_mb,
+                                                                   disk_mb) -> None:
+    """A workspace at ``CopyLimits.fitting(spec)``'s file count and bytes is written into
+    a fresh sandbox of ``spec`` with memory storage, its workdir and all: what the grader
+    reads out of an agent's sandbox never fails to go back in (which would raise, and drop a
+    failing agent's episode as an infra error)."""
+    spec = make_spec(memory_mb=memory_mb, disk_mb=disk_mb, storage="memory")
+    limits = CopyLimits().fitting(spec)
+    files = limits.max_files - 1  # and the directory: entries, as the copy counts them
+    each = limits.max_total_bytes // limits.max_files // 4096 * 4096  # pages, as it counts
+    async with open_sandbox(spec) as sb:
+        code = (f"import os\nos.mkdir('w')\nname = 'f' * 100\nfor i in range({files}):\n"
+                f"    open('w/' + name + str(i), 'wb').write(b'x' * {each})\n")
+        r = await sb.exec(["python3", "-c", code], timeout=120)
+        assert r.exit_code == 0, r.stderr
+        assert (await sb.exec("echo alive")).stdout == "alive\n"

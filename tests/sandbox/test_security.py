@@ -64,6 +64,36 @@ async def test_a_full_disk_never_takes_the_init_with_it(make_spec) -> None:
         assert r.stdout.strip() != "0" or r.oom_killed
 
 
+FILES_AFTER_DATA = """import os
+for d in ("/dev/shm", "/tmp", "."):
+    os.makedirs(f"{d}/e", exist_ok=True)
+    i = 0
+    try:
+        while True:
+            open(f"{d}/e/{'w' * 200}{i}", "w").close()
+            i += 1
+    except OSError:
+        pass
+print("done")
+"""
+
+
+async def test_a_full_disk_then_empty_files_never_take_the_init(make_spec) -> None:
+    """Past a full disk, empty files: each pins an inode and a dentry that no tmpfs size
+    counts, and with one inode per KiB they filled the memory limit and took the init (red
+    team, round thirty). The inodes' memory is counted in the budget now."""
+    async with open_sandbox(make_spec(memory_mb=128, disk_mb=512)) as sb:
+        await sb.exec("for d in /dev/shm /tmp .; do head -c 512M /dev/zero > $d/big; done",
+                      timeout=60)
+        await sb.exec(["python3", "-c", FILES_AFTER_DATA], timeout=120)
+        # then from the smallest process there is, until nothing more can be made
+        name = "w" * 200
+        for d in ("/dev/shm", "/tmp", "."):
+            await sb.exec(f"i=0; while true > {d}/e/s{name}$i; do i=$((i+1)); done", timeout=60)
+        assert not sb.closed
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
 SYSV_FILL = """import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p

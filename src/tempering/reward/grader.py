@@ -164,7 +164,7 @@ class Grader:
         """Grade the agent's final workspace in ``sb`` (which is left as it was)."""
         start = time.perf_counter()
         # Fitted to the grading sandbox's disk, which is the task's, whatever ``sb`` has.
-        final = await read_sandbox_tree(sb, self.limits, disk_mb=task.sandbox.disk_mb)
+        final = await read_sandbox_tree(sb, self.limits, spec=task.sandbox)
         return await self.grade_files(task, final, start=start)
 
     async def grade_files(self, task: Task, final: FileTree, *,

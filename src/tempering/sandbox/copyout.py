@@ -37,6 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 from tempering.sandbox.resolve import NO_LINKS, openat2
+from tempering.sandbox.spec import INODE_SPACING, SandboxSpec, memory_disk_bytes
 
 MiB = 1 << 20
 PAGE = 4096
@@ -62,13 +63,14 @@ class CopyLimits:
     max_total_bytes: int = 256 * MiB
     """All files together, counted the same way (a hard-linked file once)."""
 
-    def fitting(self, disk_mb: int) -> CopyLimits:
+    def fitting(self, spec: SandboxSpec) -> CopyLimits:
         """These limits, lowered so that what they admit can be written back into the workdir
-        of a memory-storage sandbox of ``disk_mb`` (a grading sandbox): half of ``disk_mb``
-        (docker splits it between the workdir and /tmp) and one inode per KiB of it, with a
-        quarter of both left for the hidden tests and the run itself."""
-        room = disk_mb * MiB // 2 * 3 // 4
-        inodes = max(disk_mb * 1024 // 2 * 3 // 4, 64)
+        of a grading sandbox of ``spec`` with memory storage, the smaller: its workdir holds
+        7/16 of ``memory_disk_bytes`` on the docker backend (/dev/shm an eighth, /tmp half of
+        the rest), with one inode per ``INODE_SPACING`` bytes, and a quarter of both is left
+        for the hidden tests and the run itself."""
+        room = memory_disk_bytes(spec) * 7 // 16 * 3 // 4
+        inodes = max(room // INODE_SPACING, 64)
         return replace(self, max_total_bytes=min(self.max_total_bytes, room),
                        max_file_bytes=min(self.max_file_bytes, room),
                        max_files=min(self.max_files, inodes),

@@ -59,7 +59,7 @@ from tempering.sandbox.host import (
 )
 from tempering.sandbox.image import REPOSITORY, build_recipe
 from tempering.sandbox.native import home, native_binary, synthetic_etc
-from tempering.sandbox.spec import SandboxSpec, SandboxUsage, memory_disk_bytes
+from tempering.sandbox.spec import INODE_SPACING, SandboxSpec, SandboxUsage, memory_disk_bytes
 from tempering.sandbox.uids import UidLease, lease_uid, reclaim_uids
 
 START_TIMEOUT_S = 60.0
@@ -157,7 +157,7 @@ class DockerSandbox(InitSandbox):
         tmpfs = {}
         for mount, bytes_, mode in ((spec.workdir, size, "0755"), ("/tmp", size, "1777"),
                                     ("/dev/shm", shm, "1777")):
-            inodes = max(bytes_ >> 10, 64)  # one inode per KiB, as local: empty files too
+            inodes = max(bytes_ // INODE_SPACING, 64)  # as local's: their memory is counted
             tmpfs[mount] = (f"rw,exec,nosuid,nodev,size={max(bytes_, 4096)},mode={mode},"
                             f"uid={uid},gid={uid},nr_inodes={inodes}")
         storage: dict[str, Any] = {"Tmpfs": tmpfs}

@@ -50,9 +50,9 @@ class SandboxSpec(BaseModel):
     storage: Literal["auto", "memory", "volume"] = "auto"
     """Where the workdir and /tmp live: ``volume`` (a copy-on-write btrfs volume of disk_mb on
     the host's disk; fork is a snapshot, whose cost does not grow with the files at rest),
-    ``memory`` (a tmpfs, counted in memory_mb too, so at most memory_mb less 16; fork copies
-    the files) or ``auto`` (volume where the host can make volumes, else memory; ``tempering
-    doctor`` says which)."""
+    ``memory`` (a tmpfs, counted in memory_mb too, so at most two thirds of memory_mb less 16:
+    its inodes are memory too; fork copies the files) or ``auto`` (volume where the host can
+    make volumes, else memory; ``tempering doctor`` says which)."""
     network: bool = False
     """Egress through a network namespace of its own: the internet, but not this host, its LAN,
     private ranges or link-local (metadata); without it there is only loopback."""
@@ -148,14 +148,24 @@ class SandboxSpec(BaseModel):
 # What memory storage leaves the sandbox's processes: files in a tmpfs belong to no process,
 # so a tmpfs as large as the memory limit lets a full disk make the OOM killer take the init
 # (the sandbox dies: an infra error of the agent's making, round twenty-five; round
-# twenty-nine on the docker backend).
+# twenty-nine on the docker backend). Nor is a file only its data: each inode pins an inode
+# and a dentry (1.24 KB with a 200-character name, measured) that no ``size=`` counts, so
+# empty files past a full disk took the init too (round thirty). The data and the inodes
+# together stay below the memory limit less a reserve for the processes.
 MEMORY_RESERVE_MB = 16
+INODE_SPACING = 4096
+"""A memory-storage tmpfs has one inode per 4 KiB of its size (init.c and docker.py)."""
+INODE_MEMORY = 2048
+"""What one tmpfs inode is counted to pin beside its data."""
 
 
 def memory_disk_bytes(spec: SandboxSpec) -> int:
-    """What a memory-storage sandbox's tmpfs hold in all: ``disk_mb``, but never more than
-    the memory limit less ``MEMORY_RESERVE_MB`` (a full disk then says so, ENOSPC)."""
-    return max(1, min(spec.disk_mb, spec.memory_mb - MEMORY_RESERVE_MB)) << 20
+    """What a memory-storage sandbox's tmpfs hold in all: ``disk_mb``, but never so much that
+    their data and their inodes could fill the memory limit less ``MEMORY_RESERVE_MB`` (a
+    full disk, of bytes or of files, then says so: ENOSPC)."""
+    room = (spec.memory_mb - MEMORY_RESERVE_MB) << 20
+    most = room * INODE_SPACING // (INODE_SPACING + INODE_MEMORY)
+    return max(1 << 20, min(spec.disk_mb << 20, most))
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workspace {args.workspace}: not a directory")
 
     # The limits a grading reads an agent's sandbox with: what is taken fits the grading sandbox.
-    files = FileTree.read(args.workspace, Limits().fitting(task.sandbox.disk_mb))
+    files = FileTree.read(args.workspace, Limits().fitting(task.sandbox))
     if args.overlay:  # DIR holds only the files that differ from the task's workspace
         files = task.workspace.overlay(dict(files.files), dict(files.modes))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tempering.errors import ConfigError
-from tempering.sandbox import Sandbox
+from tempering.sandbox import Sandbox, SandboxSpec
 from tempering.sandbox.copyout import CopyLimits, Walk, read_tree
 
 Limits = CopyLimits
@@ -96,13 +96,12 @@ class FileTree(Mapping[str, bytes]):
 
 
 async def read_sandbox_tree(sb: Sandbox, limits: Limits | None = None, *,
-                            disk_mb: int | None = None) -> FileTree:
+                            spec: SandboxSpec | None = None) -> FileTree:
     """The files in a sandbox's workdir, by content, read straight into memory through the
     sandbox's file API within ``limits``, lowered so that the tree fits back into a grading
-    sandbox of ``disk_mb`` (default: the sandbox's own; ``CopyLimits.fitting``). Never raises
+    sandbox of ``spec`` (default: the sandbox's own; ``CopyLimits.fitting``). Never raises
     for the workspace's shape: what is left out is listed."""
-    fit = sb.spec.disk_mb if disk_mb is None else disk_mb
-    copy = await sb.read_tree(".", (limits or Limits()).fitting(fit))
+    copy = await sb.read_tree(".", (limits or Limits()).fitting(spec or sb.spec))
     return FileTree(copy.files, copy.modes, copy.left_out)
 
 
