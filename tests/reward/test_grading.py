@@ -89,6 +89,10 @@ async def test_verifier_lint_and_rules_are_weighted(attempt) -> None:
     assert result.reward == pytest.approx(0.6 + 0.2 + 0.1 * 0.75 + 0.1 * 2 / 3)
     assert "rule_failed" in result.flags and not result.tampered
     assert any("forbidden_imports" in d and "subprocess" in d for d in result.details)
+    # The CMS takes an empty slug only for a title with nothing to say (round thirty: the
+    # example's check took "" for every title).
+    empty = await attempt(task, {"slug.py": "def slugify(title):\n    return ''\n"})
+    assert empty.components["cms"] == pytest.approx(1 / 6) and empty.components["tests"] == 0
 
 
 async def test_custom_verifier_command_and_failure(tmp_path: Path, attempt) -> None:

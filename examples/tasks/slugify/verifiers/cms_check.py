@@ -24,7 +24,10 @@ def score(workdir):
             slug = slugify(title)
         except Exception:
             continue
-        ok = (len(slug) <= rules["max_length"] and slug not in rules["reserved"]
+        # a title with a letter or a digit in it needs a slug that says something
+        wanted = any(c.isalnum() for c in title)
+        ok = (isinstance(slug, str) and len(slug) <= rules["max_length"]
+              and slug not in rules["reserved"] and (slug != "" or not wanted)
               and re.fullmatch(r"([a-z0-9]+(-[a-z0-9]+)*)?", slug) is not None)
         accepted += ok
     return {"cms": accepted / len(TITLES)}
