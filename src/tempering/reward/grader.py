@@ -316,13 +316,13 @@ class Grader:
             files += placeholders  # last: the hidden tests win any clash
             files.append((plan.canary_path, b"", 0o644))
             await asyncio.to_thread(_write_all, forked.storage, files)
-            # The hidden Python files are placeholders, read by nobody, and the plain runner
-            # lists the tests before any tested code runs: only data files need sealing there.
+            # The tests directory is read-only even where it holds only placeholders: it is
+            # on the launcher's sys.path, and a module the tested code wrote there (from the
+            # solver too) was imported by the tests' process, unwatched (round thirty-one).
             workdir, sealed = spec.workdir.rstrip("/"), sealed_paths(task, tree)
-            await forked.seal([f"{workdir}/{path}" for path in (
-                [grading.tests_dir] if data else []) + sealed],
-                pin=[f"{workdir}/{path}" for path in parents(
-                    [grading.tests_dir, *sealed] if data else sealed)])
+            await forked.seal([f"{workdir}/{path}" for path in [grading.tests_dir, *sealed]],
+                              pin=[f"{workdir}/{path}"
+                                   for path in parents([grading.tests_dir, *sealed])])
             report = await forked.run(plan.config, grading.timeout_s, spec.output_limit_bytes)
             run = plan.read(report.text)
             run.timed_out, run.oom = report.timed_out, report.oom_killed

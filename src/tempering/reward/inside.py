@@ -645,6 +645,7 @@ def prepare(config, fd, pytest_hooks=False):
     imported = {} if config.get("isolation") in SEPARATE else imports_of(codes.values())
     guard = guard_module.install(fd, bytes.fromhex(config.pop("key")), workspace, tests,
                                  config["launcher_dir"], codes)
+    hidden = list(codes)
     del codes
     guard.allow(_lie, done, enter, bound, load_hidden, _run_hidden, HiddenFinder.find_spec,
                 HiddenFinder.exec_module, run_tests, run_plain, run_verifier)
@@ -667,7 +668,7 @@ def prepare(config, fd, pytest_hooks=False):
         if not SOLVER:
             raise RuntimeError("process isolation, and no solver was forked")
         boundary_module.install(SOLVER[0], workspace, tests,  # the workspace's modules
-                                only_data=config.get("isolation") == "data")
+                                only_data=config.get("isolation") == "data", hidden=hidden)
         sys.path.append(tests)
     else:
         for sock in SOLVER:  # not needed: it ends when its socket does

@@ -1055,10 +1055,10 @@ class WorkspaceGate:
     workspace module below a directory the test put on the path) loads here, and the guard
     says so (``Guard.ran_here``): the host then grades in one process."""
 
-    def __init__(self, finder, workspace, tests):
+    def __init__(self, finder, workspace, hidden):
         self.finder = finder
         self.workspace = os.path.realpath(workspace) + "/"
-        self.tests = os.path.realpath(tests) + "/"
+        self.hidden = frozenset(os.path.realpath(path) for path in hidden)
 
     def find_spec(self, fullname, path=None, target=None):
         try:
@@ -1071,7 +1071,9 @@ class WorkspaceGate:
         for place in places:
             if type(place) is str and place:
                 real = os.path.realpath(place)
-                if real.startswith(self.workspace) and not real.startswith(self.tests):
+                if real in self.hidden:  # the hidden tests' own (the hidden finder's)
+                    return None
+                if real.startswith(self.workspace):  # the tests directory's others too
                     return self.finder.find_spec(fullname, path, target)
         return None
 
@@ -1085,16 +1087,17 @@ def _compiled(base):
         return False
 
 
-def install(sock, workspace, tests, only_data=False):
+def install(sock, workspace, tests, only_data=False, hidden=()):
     """The launcher's side: the finder for the workspace's modules, then the solver's start.
     ``only_data``: no handle of the tested code's objects but its modules, functions and
-    classes, which can only be called (``grading.isolation = "data"``)."""
+    classes, which can only be called (``grading.isolation = "data"``). ``hidden``: the
+    hidden Python files' paths, which are the launcher's to load."""
     boundary = Boundary(sock)
     boundary.only_data = only_data
     boundary.tests = tests.rstrip("/") + "/"
     INSTALLED.append(boundary)
     finder = BoundaryFinder(boundary, workspace)
     sys.meta_path.append(finder)
-    sys.meta_path.insert(0, WorkspaceGate(finder, workspace, tests))
+    sys.meta_path.insert(0, WorkspaceGate(finder, workspace, hidden))
     boundary.start()
     return boundary

@@ -95,7 +95,7 @@ def fresh_storage(disk_bytes, workdir):
 
 def seal(status, workdir):
     """Once the host has written the files, make the paths it names (the hidden tests'
-    directory where it holds data files, the task's protected files) read-only for the
+    directory, the task's protected files) read-only for the
     grading: each a bind of itself, remounted read-only (the grading, in a user namespace of
     its own without capabilities, cannot undo it; a file so bound cannot be removed or
     replaced); and pin the directories above them (``+PATH``: a bind of itself, left
