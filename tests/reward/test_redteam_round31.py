@@ -1,4 +1,4 @@
-"""Red team, round thirty-one, against 3f1c1a4 (a failing test on that commit).
+"""Red team, round thirty-one, against 9ee1d4a (a failing test on that commit).
 
 Closed here: on the grading zygote's path (the plain runner), a tests directory holding only
 Python files was left writable (its files are placeholders, and the tests are listed before
