@@ -92,8 +92,13 @@ async def test_deep_trees_are_walked_without_recursion(make_spec, tmp_path: Path
     assert tree.left_out == (f"{deepest} (deeper than 64 directories)",)
 
 
+# Room for 30,000 files in the workdir of every storage (one inode per 4 KiB of a tmpfs, and
+# docker's workdir holds 7/16 of the budget).
+MANY = {"disk_mb": 512, "memory_mb": 1024}
+
+
 async def test_many_empty_files_stop_at_the_caps(make_spec, tmp_path: Path) -> None:
-    async with open_sandbox(make_spec(disk_mb=128)) as sb:
+    async with open_sandbox(make_spec(**MANY)) as sb:
         await run(sb, "echo keep > a.txt && mkdir junk && python3 -c \"\n"
                       "for i in range(30000): open('junk/e%d' % i, 'w').close()\"")
         tree = await sb.read_tree(".")
@@ -109,7 +114,7 @@ async def test_many_empty_files_stop_at_the_caps(make_spec, tmp_path: Path) -> N
 
 
 async def test_a_cancelled_download_stops(make_spec, tmp_path: Path) -> None:
-    async with open_sandbox(make_spec(disk_mb=128)) as sb:
+    async with open_sandbox(make_spec(**MANY)) as sb:
         await run(sb, "python3 -c \"\nfor i in range(20000): open('e%d' % i, 'w').close()\"")
         out = tmp_path / "out"
         copy = asyncio.create_task(sb.download(".", out))
