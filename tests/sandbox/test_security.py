@@ -94,6 +94,76 @@ async def test_a_full_disk_then_empty_files_never_take_the_init(make_spec) -> No
         assert (await sb.exec("echo alive")).stdout == "alive\n"
 
 
+# A process of a few KiB that pins socket or pipe buffers, charged to its memory cgroup and to
+# no process's RSS: no libc, raw system calls (x86_64), built on the host.
+HOLDER_C = r"""
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 asm("r10") = d, r8 asm("r8") = e, r9 asm("r9") = f;
+    long ret;
+    asm volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8),
+                 "r"(r9) : "rcx", "r11", "memory");
+    return ret;
+}
+asm(".global _start\n_start:\n mov %rsp,%rdi\n and $-16,%rsp\n call entry\n hlt\n");
+static char chunk[65536];
+void entry(long *sp) {
+    int pipes = sp[0] > 1 && ((char **)(sp + 1))[1][0] == 'p';
+    long held = 0;
+    if (sys6(57, 0, 0, 0, 0, 0, 0) > 0) sys6(60, 0, 0, 0, 0, 0, 0);  /* fork; the parent goes */
+    sys6(112, 0, 0, 0, 0, 0, 0);                                      /* setsid */
+    for (int fd = 0; fd < 3; fd++) sys6(3, fd, 0, 0, 0, 0, 0);
+    while (held < (1L << 30)) {
+        int ends[2];
+        if (pipes) {
+            if (sys6(293, (long)ends, 04000, 0, 0, 0, 0) < 0) break;    /* pipe2, O_NONBLOCK */
+            sys6(72, ends[1], 1031, 1 << 20, 0, 0, 0);                  /* F_SETPIPE_SZ */
+            while (sys6(1, ends[1], (long)chunk, sizeof chunk, 0, 0, 0) > 0) held += sizeof chunk;
+            sys6(3, ends[1], 0, 0, 0, 0, 0);
+        } else {
+            if (sys6(53, 1, 1 | 04000, 0, (long)ends, 0, 0) < 0) break; /* socketpair */
+            int size = 4 << 20;
+            sys6(54, ends[0], 1, 7, (long)&size, 4, 0);                 /* SO_SNDBUF */
+            while (sys6(44, ends[0], (long)chunk, sizeof chunk, 0x40, 0, 0) > 0)
+                held += sizeof chunk;
+        }
+    }
+    for (;;) sys6(34, 0, 0, 0, 0, 0, 0);                                /* pause */
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def holder(tmp_path_factory) -> bytes:  # type: ignore[no-untyped-def]
+    import platform
+    import shutil
+    import subprocess
+
+    if platform.machine() != "x86_64" or shutil.which("gcc") is None:
+        pytest.skip("the holder is x86_64 code built with gcc")
+    where = tmp_path_factory.mktemp("holder")
+    (where / "holder.c").write_text(HOLDER_C)
+    subprocess.run(["gcc", "-Os", "-static", "-nostdlib", "-fno-stack-protector", "-o",
+                    str(where / "holder"), str(where / "holder.c")], check=True)
+    return (where / "holder").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["sockets", "pipes"])
+async def test_kernel_memory_a_tiny_process_holds_never_takes_the_init(make_spec, holder,
+                                                                       kind) -> None:
+    """Socket and pipe buffers are charged to the memory cgroup and to no process's RSS, by
+    which the OOM killer chooses: a holder of 8 KiB left the init the largest process, and
+    its victim (red team, round thirty-one). The commands have a memory cgroup of their own,
+    the init sits outside it, and the holder is what goes."""
+    async with open_sandbox(make_spec(memory_mb=128)) as sb:
+        await sb.write_file("holder", holder)
+        start = await sb.exec(f"chmod +x holder && ./holder {kind[0]}")
+        assert start.exit_code == 0, start
+        await sb.exec("sleep 2", timeout=20)
+        assert not sb.closed
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+        assert (await sb.usage()).oom_kills
+
+
 SYSV_FILL = """import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p

@@ -168,7 +168,7 @@ class Zygote:
         self._pid = 0
         self._exit: asyncio.Future[int] | None = None
         self._group = cgroup.SandboxCgroup(host().hierarchy, host().tag,
-                                           f"zyg-{secrets.token_hex(6)}")
+                                           f"zyg-{secrets.token_hex(6)}", commands=False)
         self._lock = asyncio.Lock()
         self.magic = b""  # its interpreter's bytecode magic number, told when it started
         # A host uid of its own (no other sandbox's or zygote's), shared by its gradings.
@@ -258,7 +258,8 @@ class Zygote:
             ours.close()
             status.close()
             raise SandboxStartError("a grading process of the zygote failed to start")
-        group = cgroup.SandboxCgroup(h.hierarchy, h.tag, f"grd-{secrets.token_hex(6)}")
+        group = cgroup.SandboxCgroup(h.hierarchy, h.tag, f"grd-{secrets.token_hex(6)}",
+                                     commands=False)
         forked = Forked(ours, status, pid, group, Storage(
             {spec.workdir: f"/proc/{pid}/root{spec.workdir}", "/tmp": f"/proc/{pid}/root/tmp"},
             spec.workdir, self._uid.uid, self._uid.gid))

@@ -127,50 +127,85 @@ def _enable_controllers(path: Path) -> None:
         (path / "cgroup.subtree_control").write_text(wanted)
 
 
-class SandboxCgroup:
-    """The cgroup(s) of one sandbox."""
+# The init (and bubblewrap, and a network stack) hold this much beside the commands' memory
+# limit, in the sandbox's memory cgroup; the commands are in a child of it that has the limit.
+INIT_RESERVE_MB = 16
+COMMANDS = "commands"
 
-    def __init__(self, hierarchy: Hierarchy, tag: str, name: str) -> None:
+
+class SandboxCgroup:
+    """The cgroup(s) of one sandbox. Its commands' memory is a child cgroup of the sandbox's
+    (``commands``), which holds the memory limit: when it is reached, the OOM killer chooses
+    among the commands only. Kernel memory a process holds through descriptors (socket and
+    pipe buffers) is no part of its RSS, by which the OOM killer chooses, so a holder of a few
+    KiB left the init the largest process of one cgroup, and its victim (the sandbox died:
+    red team, round thirty-one). The init, outside that child, is never a candidate."""
+
+    def __init__(self, hierarchy: Hierarchy, tag: str, name: str, *,
+                 commands: bool = True) -> None:
         self.hierarchy = hierarchy
         self.paths = {ctrl: d / name for ctrl, d in hierarchy.owner_dirs(tag).items()}
+        self.memory = self.paths["memory" if hierarchy.version == 1 else ""]
+        self.separate = commands
+        self.commands = self.memory / COMMANDS if commands else self.memory
+        """The commands' memory cgroup (the init enters each command into it); without
+        ``commands`` (a grading of the zygote, whose processes are all the tested code's), the
+        sandbox's own, which has the limit."""
 
     def create(self, *, memory_mb: int, pids: int, cpus: float) -> None:
         for path in self.paths.values():
             path.mkdir()
+        separate = self.separate
         memory = memory_mb << 20
+        outer = memory + (INIT_RESERVE_MB << 20 if separate else 0)
         quota = max(int(cpus * CPU_PERIOD_US), 1000)
         if self.hierarchy.version == 1:
             p = self.paths
-            (p["memory"] / "memory.limit_in_bytes").write_text(str(memory))
-            with contextlib.suppress(OSError):  # absent without swap accounting
-                (p["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory))
-            # Socket buffers are charged to a v1 memory cgroup only once this is set (v2
-            # charges them always): unset, a sandbox's queued TCP and UDP data would pin host
-            # memory past its limit and press on the machine-wide tcp_mem / udp_mem.
-            with contextlib.suppress(OSError):
-                (p["memory"] / "memory.kmem.tcp.limit_in_bytes").write_text(str(memory))
+            limits = [(p["memory"], outer)]
+            if separate:
+                self.commands.mkdir()
+                limits.append((self.commands, memory))
+            for path, limit in limits:
+                (path / "memory.limit_in_bytes").write_text(str(limit))
+                with contextlib.suppress(OSError):  # absent without swap accounting
+                    (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+                # Socket buffers are charged to a v1 memory cgroup only once this is set (v2
+                # charges them always): unset, a sandbox's queued TCP and UDP data would pin
+                # host memory past its limit and press on the machine-wide tcp_mem / udp_mem.
+                with contextlib.suppress(OSError):
+                    (path / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
             (p["pids"] / "pids.max").write_text(str(pids))
             (p["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (p["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
         else:
             path = self.paths[""]
-            (path / "memory.max").write_text(str(memory))
+            (path / "memory.max").write_text(str(outer))
             with contextlib.suppress(OSError):
                 (path / "memory.swap.max").write_text("0")
             (path / "pids.max").write_text(str(pids))
             (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            if not separate:
+                return
+            # No process in an inner node on v2: the init has a leaf of its own.
+            (path / "init").mkdir()
+            self.commands.mkdir()
+            (path / "cgroup.subtree_control").write_text("+memory")
+            (self.commands / "memory.max").write_text(str(memory))
+            with contextlib.suppress(OSError):
+                (self.commands / "memory.swap.max").write_text("0")
 
     def attach(self, pid: int) -> None:
-        for path in self.paths.values():
-            (path / "cgroup.procs").write_text(str(pid))
+        if self.hierarchy.version == 1 or not self.separate:
+            for path in self.paths.values():
+                (path / "cgroup.procs").write_text(str(pid))
+        else:
+            (self.paths[""] / "init" / "cgroup.procs").write_text(str(pid))
 
     def oom_kills(self) -> int:
-        if self.hierarchy.version == 1:
-            name, path = "memory.oom_control", self.paths["memory"]
-        else:
-            name, path = "memory.events", self.paths[""]
+        """OOM kills among the commands (where the memory limit is)."""
+        name = "memory.oom_control" if self.hierarchy.version == 1 else "memory.events"
         try:
-            text = (path / name).read_text()
+            text = (self.commands / name).read_text()
         except OSError:
             return 0
         for line in text.splitlines():

@@ -179,7 +179,10 @@ class DockerSandbox(InitSandbox):
             "NetworkDisabled": not spec.network,
             "HostConfig": {
                 "NetworkMode": self._network,
-                "Memory": spec.memory_mb << 20, "MemorySwap": spec.memory_mb << 20,
+                # the commands' limit is a child cgroup's (_commands_cgroup); this one
+                # holds the init's reserve beside it
+                "Memory": (spec.memory_mb + cgroup.INIT_RESERVE_MB) << 20,
+                "MemorySwap": (spec.memory_mb + cgroup.INIT_RESERVE_MB) << 20,
                 "PidsLimit": spec.pids, "NanoCpus": int(spec.cpus * 1e9),
                 # No ping sockets (the engine allows them to every group): their queues
                 # are charged to nothing. The init's filter refuses them too.
@@ -249,7 +252,13 @@ class DockerSandbox(InitSandbox):
         info = (await self._engine.request("GET", f"/containers/{self._container}/json",
                                            what=f"inspecting sandbox {self.id}")).json()
         self._init_pid = int(info["State"]["Pid"])
-        _limit_sockets(self._init_pid, self.spec.memory_mb << 20)
+        limit = self.spec.memory_mb << 20
+        _limit_sockets(self._init_pid, limit + (cgroup.INIT_RESERVE_MB << 20))
+        procs = _commands_cgroup(self._init_pid, limit)
+        if procs is None:
+            raise SandboxStartError(f"sandbox {self.id}: its container's memory cgroup was "
+                                    "not found (no commands' cgroup can be made in it)")
+        await self._channel.commands_cgroup(procs)
         await _limit_ptys(init, self._init_pid)
         cpus = sorted(os.sched_getaffinity(0))  # so that nproc inside reports the quota
         want = min(math.ceil(self.spec.cpus), len(cpus))
@@ -345,8 +354,8 @@ class DockerSandbox(InitSandbox):
         return child
 
 
-def _oom_kills_of(pid: int) -> int | None:
-    """OOM kills in the memory cgroup of ``pid`` (cgroup v1 or v2)."""
+def _memory_cgroup(pid: int) -> tuple[Path, int] | None:
+    """The memory cgroup directory of ``pid`` on the host, and the hierarchy's version."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -355,16 +364,56 @@ def _oom_kills_of(pid: int) -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
-            name = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
-        elif controllers == "":
-            name = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
-        else:
-            continue
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), 1
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            return Path("/sys/fs/cgroup") / path.lstrip("/"), 2
+    return None
+
+
+def _commands_cgroup(pid: int, limit: int) -> str | None:
+    """As a local sandbox's (``cgroup.SandboxCgroup``): a child of the container's memory
+    cgroup (whose limit is the commands' plus the init's reserve) holds the commands and the
+    memory limit, so that the OOM killer never chooses the init, whose RSS is larger than a
+    process holding the memory through descriptors (round thirty-one). Returns the child's
+    ``cgroup.procs``; on v2 the init moves to a leaf of its own first (no process may sit in
+    an inner node there). runc removes the container's cgroup with its children."""
+    found = _memory_cgroup(pid)
+    if found is None:
+        return None
+    outer, version = found
+    commands = outer / cgroup.COMMANDS
+    commands.mkdir(exist_ok=True)
+    if version == 1:
+        (commands / "memory.limit_in_bytes").write_text(str(limit))
+        for name in ("memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"):
+            with contextlib.suppress(OSError):  # no swap accounting; no socket accounting
+                (commands / name).write_text(str(limit))
+    else:
+        (outer / "init").mkdir(exist_ok=True)
+        (outer / "init" / "cgroup.procs").write_text(str(pid))
+        (outer / "cgroup.subtree_control").write_text("+memory")
+        (commands / "memory.max").write_text(str(limit))
         with contextlib.suppress(OSError):
-            for entry in name.read_text().splitlines():
-                key, _, value = entry.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+            (commands / "memory.swap.max").write_text("0")
+    return str(commands / "cgroup.procs")
+
+
+def _oom_kills_of(pid: int) -> int | None:
+    """OOM kills among the commands of the container whose init is ``pid``."""
+    found = _memory_cgroup(pid)
+    if found is None:
+        return None
+    outer, version = found
+    if outer.name == "init":  # v2: the init's own leaf
+        outer = outer.parent
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    with contextlib.suppress(OSError):
+        for entry in (outer / cgroup.COMMANDS / name).read_text().splitlines():
+            key, _, value = entry.partition(" ")
+            if key == "oom_kill":
+                return int(value)
     return None
 
 

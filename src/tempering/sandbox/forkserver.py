@@ -25,7 +25,7 @@ from tempering.errors import SandboxClosedError, SandboxStartError
 from tempering.sandbox.base import PIPE, Process, Sink
 from tempering.sandbox.uids import UidRange
 
-MSG_EXEC, MSG_KILL, MSG_MARK, MSG_KILL_ALL = 1, 2, 3, 4
+MSG_EXEC, MSG_KILL, MSG_MARK, MSG_KILL_ALL, MSG_CGROUP = 1, 2, 3, 4, 5
 MSG_READY, MSG_EXIT, MSG_MARKED, MSG_FAIL = 100, 101, 102, 103
 _HEADER = struct.Struct("=IIII")
 _SPAWN_HEADER = struct.Struct("=IIIIII")  # type, id, argc, nfds, uid, gid
@@ -317,6 +317,22 @@ class InitChannel:
     async def kill_all(self) -> None:
         """SIGKILL every process of the sandbox but its init; returns once none is left."""
         await self.mark(next(self._ids), MSG_KILL_ALL)
+
+    async def commands_cgroup(self, procs: str) -> None:
+        """Have every command from now on enter the cgroup whose ``cgroup.procs`` is
+        ``procs`` (opened here, by the host, for the init to write to)."""
+        fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+        ident = next(self._ids)
+        fut = self._loop.create_future()
+        self._marks[ident] = fut
+        try:
+            self.send(MSG_CGROUP, ident, fds=[fd])
+        except BaseException:
+            self._marks.pop(ident, None)
+            raise
+        finally:
+            os.close(fd)
+        await fut
 
 
 class LocalProcess(Process):

@@ -77,7 +77,7 @@
 
 #include "wire.h"
 
-enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3, MSG_KILL_ALL = 4 };
+enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3, MSG_KILL_ALL = 4, MSG_CGROUP = 5 };
 enum { MSG_READY = 100, MSG_EXIT = 101, MSG_MARKED = 102, MSG_FAIL = 103 };
 static int CTL_FD = 3;
 enum { MAX_MSG = 1 << 20, MAX_JOBS = 4096, MAX_PROCS = 65536 };
@@ -577,8 +577,18 @@ static _Noreturn void run_command(int fds[3], char *cwd, char **argv, char **env
     _exit(err == ENOENT ? 127 : 126);
 }
 
+/* cgroup.procs of the commands' memory cgroup, opened by the host (MSG_CGROUP; -1 where it
+ * sent none): every command enters it before it runs, so that the OOM killer, at its memory
+ * limit, chooses among commands only and never takes this init. The host opened it, and the
+ * kernel judges a move by the opener's credentials. */
+static int COMMANDS_CG = -1;
+
 static _Noreturn void shepherd(int fds[3], char *cwd, char **argv, char **envp) {
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    if (COMMANDS_CG >= 0 && write(COMMANDS_CG, "0", 1) < 0) {
+        dprintf(fds[2], "tempering: cannot enter the commands' cgroup: %s\n", strerror(errno));
+        _exit(126);
+    }
     pid_t child = fork();
     if (child < 0) {
         dprintf(fds[2], "tempering: cannot start process: %s (is the sandbox's pids limit "
@@ -670,6 +680,11 @@ static void handle_message(void) {
         if (h.type == MSG_MARK) send_msg(MSG_MARKED, h.id, 0, NULL);
     } else if (h.type == MSG_KILL_ALL) {
         kill_all();
+        send_msg(MSG_MARKED, h.id, 0, NULL);
+    } else if (h.type == MSG_CGROUP && nfds == 1) {
+        if (COMMANDS_CG >= 0) close(COMMANDS_CG);
+        COMMANDS_CG = fds[0]; /* close-on-exec: no command holds it */
+        nfds = 0;
         send_msg(MSG_MARKED, h.id, 0, NULL);
     }
 out:

@@ -234,6 +234,7 @@ class LocalSandbox(InitSandbox):
                 os.sched_setaffinity(self._init_pid,
                                      {cpus[(first + i) % len(cpus)] for i in range(want)})
                 await self._channel.ready
+                await self._channel.commands_cgroup(str(self._cgroup.commands / "cgroup.procs"))
                 if wiring is not None:
                     # Once PID 1 runs, bubblewrap has mapped the sandbox uid to root in the
                     # namespace's owner, which the stack joins to attach itself.
