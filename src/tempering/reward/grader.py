@@ -283,11 +283,12 @@ class Grader:
                                     ) -> tuple[TestRun, dict[str, float]]:
         """``run``, unless the tests ran the tested code in their own process across the
         boundary, where nothing watched it (``isolation.ran_here``): then the grading in one
-        process, under the whole guard, and the task's gradings stay there."""
+        process, under the whole guard."""
         here = ran_here(run) if isolation in SEPARATE else ""
         if not here:
             return run, scores
-        self._isolations[task.digest] = ("shared", here)
+        # This grading only: what one episode did never sets how the task's others run (a
+        # false trigger, or a true one, would move them all into one process; round 32).
         details.append(f"isolation: graded in one process: {here}")
         return await self._run(task, tree, flags, details, isolation="shared")
 

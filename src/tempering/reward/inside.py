@@ -654,8 +654,6 @@ def prepare(config, fd, pytest_hooks=False):
     # Across the process boundary nothing of the tested code's runs here: no integrity to
     # record and check before every outcome.
     guard.alone = config.get("isolation") in SEPARATE
-    if guard.alone:
-        guard.workspace_sources = _sources_of(workspace, tests)
     _frameless_signals(type(guard).__call__.__code__)
     _audited_refcounts()
     del guard  # from here on, only audit events reach it
@@ -676,29 +674,6 @@ def prepare(config, fd, pytest_hooks=False):
         sys.path.extend([tests, workspace])
         preload(imported, workspace, tests)
     return workspace, tests
-
-
-def _sources_of(workspace, tests, most=5000, largest=1 << 22):
-    """Digests of the workspace's Python files (the hidden tests' aside): across the process
-    boundary, a test that compiles one of them here, from its text, is told apart by them
-    (``Guard.ran_here``)."""
-    from _blake2 import blake2b
-
-    found, tests = set(), tests.rstrip("/") + "/"
-    for top, dirs, names in os.walk(workspace):
-        dirs[:] = [d for d in dirs if not (top + "/" + d + "/").startswith(tests)
-                   and d != "__pycache__"]
-        for name in names:
-            if not name.endswith(".py") or len(found) >= most:
-                continue
-            try:
-                with open(os.path.join(top, name), "rb") as f:
-                    data = f.read(largest + 1)
-            except OSError:
-                continue
-            if len(data) <= largest:
-                found.add(blake2b(data, digest_size=16).digest())
-    return frozenset(found)
 
 
 def imports_of(codes):

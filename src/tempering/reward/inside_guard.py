@@ -37,6 +37,27 @@ from operator import getitem, is_not, ne
 PREFIX = "@@tempering"
 REPORT_EVENT = "tempering.report"
 RAN_HERE = "tested_code_in_launcher"  # not the agent's doing: the host grades again in one process
+def _digest_of(path, largest=1 << 22):
+    """blake2b of the file at ``path`` (None if it cannot be read or is over ``largest``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        chunks, size = [], 0
+        while size <= largest:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return blake2b(b"".join(chunks), digest_size=16).digest()
+            chunks.append(chunk)
+            size += len(chunk)
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 WATCHED = frozenset({
     "open", "os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.chmod", "os.truncate",
     "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
@@ -438,7 +459,7 @@ class Guard:
         self.made = set()
         self.integrity = Integrity()
         self.alone = False  # the tested code runs in another process (process isolation)
-        self.workspace_sources = frozenset()  # then: digests of the workspace's .py files
+        self.opened_sources = set()  # then: digests of the workspace's .py files read here
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
         self.launcher_globals = {_addr(_module_dict(m)) for m in list(sys.modules.values())
                                  if issubclass(type(m), _module) and _startswith(
@@ -579,7 +600,7 @@ class Guard:
                         box.append(self.codes.get(path))
             elif not self.alone:  # else nothing here is the tested code's to attribute
                 self.check(event, args)
-            elif event == "compile" or event == "exec":
+            elif event == "compile" or event == "exec" or event == "open":
                 self.ran_here(event, args)
         except Exception as exc:  # raising would break the tested code, not protect it
             try:  # but the guard could not judge this event: said, so it is never silent
@@ -625,11 +646,23 @@ class Guard:
         """Across the process boundary (``alone``) the tested code runs in the solver, and
         nothing here watches for it: code of the workspace's run in this process (a test that
         put the workspace on ``sys.path`` past the boundary's finder, or ran one of its files)
-        or its text compiled here (``exec(open(...).read())``) would run unwatched. Said
-        before it runs, by the code's file or by the text; the host then grades again in one
-        process, under the whole guard (round thirty). (pytest parses sources of its own for
-        tracebacks under made-up names: a compile is judged by its text alone.)"""
+        or its text read here and compiled (``exec(open(...).read())``) would run unwatched.
+        Said before it runs, by the code's file, or by the text of a workspace Python file
+        this process opened; the host then grades again in one process, under the whole guard
+        (round thirty). Only a file read here counts, never a file's text alone: the launcher
+        and its libraries compile short texts of their own (``raise exc``), which a workspace
+        file of the same text forced into one process (round thirty-two)."""
         arg = args[0] if args else None
+        if event == "open":
+            path = _text(arg) if type(arg) is str else None
+            mode = _text(args[1]) if len(args) > 1 and type(args[1]) is str else "r"
+            if path and path.endswith(".py") and "w" not in mode and "a" not in mode:
+                full = os.path.abspath(path)
+                if _startswith(full, self.workspace) and full not in self.codes:
+                    digest = _digest_of(full)
+                    if digest is not None:
+                        self.opened_sources.add(digest)
+            return
         if event == "exec":
             name = _text(arg.co_filename) if type(arg) is _code else None
             full = os.path.abspath(name) if name and not _startswith(name, "<") else ""
@@ -638,10 +671,10 @@ class Guard:
             ours = (_startswith(full, self.workspace) and full not in self.codes
                     and os.path.isfile(full))
         else:
-            name = "its text"
+            name = "the text of a workspace file it read"
             source = arg.encode("utf-8", "surrogatepass") if type(arg) is str else arg
-            ours = (type(source) is bytes and bool(source.strip()) and bool(self.workspace_sources)
-                    and blake2b(source, digest_size=16).digest() in self.workspace_sources)
+            ours = (type(source) is bytes and bool(self.opened_sources)
+                    and blake2b(source, digest_size=16).digest() in self.opened_sources)
         if ours:
             self.flag(RAN_HERE, f"{event} of {name}"[:200], "the tests")
 
