@@ -325,6 +325,11 @@ async def test_stack_is_confined_and_dies_with_the_sandbox(local_ready: None) ->
         assert os.readlink(f"/proc/{stack}/ns/net") == os.readlink("/proc/self/ns/net")
         cgroup = Path(f"/proc/{stack}/cgroup").read_text()
         assert sb.id in cgroup  # its CPU and memory count against the sandbox
+        # ... its memory with the commands', whose traffic makes it (round thirty-two)
+        assert f"{sb.id}/commands" in cgroup
+        limits = Path(f"/proc/{stack}/limits").read_text()
+        assert any(line.startswith("Max open files") and line.split()[3] == "1024"
+                   for line in limits.splitlines()), limits
     deadline = time.monotonic() + 5
     while stack in _stacks() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -337,6 +342,32 @@ async def test_stack_is_confined_and_dies_with_the_sandbox(local_ready: None) ->
         time.sleep(0.05)
     assert len(_fds("pipe:")) <= len(pipes_before)
     assert _mounts() == mounts_before
+
+
+FLOWS = """import socket, time
+for i in range(4000):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"x", ("10.0.2.3", 9999))
+    s.close()
+    if i % 200 == 0:
+        time.sleep(0.01)
+"""
+
+
+async def test_flows_are_bounded_and_charged_to_the_commands(net_sb: Sandbox) -> None:
+    """Each UDP flow is a host socket of the stack's: a flood held 20,000 of them a sandbox,
+    their memory in the init's reserve, past it (red team, round thirty-two). The stack has
+    1,024 descriptors, and its memory is the commands'."""
+    stack = net_sb._stack.pid  # type: ignore[attr-defined]
+    r = await net_sb.exec(["python3", "-c", FLOWS], timeout=60)
+    assert r.exit_code == 0, r.stderr
+    assert len(os.listdir(f"/proc/{stack}/fd")) <= 1024
+    cgroup = net_sb._cgroup  # type: ignore[attr-defined]
+    usage = "memory.usage_in_bytes" if cgroup.hierarchy.version == 1 else "memory.current"
+    outside = (int((cgroup.memory / usage).read_text())
+               - int((cgroup.commands / usage).read_text()))
+    assert outside < 16 << 20, outside
+    assert (await net_sb.exec("echo alive")).stdout == "alive\n"
 
 
 async def test_a_fork_gets_a_stack_and_rules_of_its_own(net_sb: Sandbox) -> None:

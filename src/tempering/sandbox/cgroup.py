@@ -201,6 +201,17 @@ class SandboxCgroup:
         else:
             (self.paths[""] / "init" / "cgroup.procs").write_text(str(pid))
 
+    def attach_to_commands(self, pid: int) -> None:
+        """``pid`` in the sandbox's cgroups, its memory counted with the commands': a network
+        stack whose allocations the commands make (a socket a flow), which must not fill the
+        init's reserve (red team, round thirty-two)."""
+        if self.hierarchy.version == 1:
+            for ctrl, path in self.paths.items():
+                target = self.commands if ctrl == "memory" else path
+                (target / "cgroup.procs").write_text(str(pid))
+        else:
+            (self.commands / "cgroup.procs").write_text(str(pid))
+
     def oom_kills(self) -> int:
         """OOM kills among the commands (where the memory limit is)."""
         name = "memory.oom_control" if self.hierarchy.version == 1 else "memory.events"

@@ -239,7 +239,7 @@ class LocalSandbox(InitSandbox):
                     # Once PID 1 runs, bubblewrap has mapped the sandbox uid to root in the
                     # namespace's owner, which the stack joins to attach itself.
                     self._stack = await start_stack(spawner(), self._init_pid, wiring, uid)
-                    self._cgroup.attach(self._stack.pid)
+                    self._cgroup.attach_to_commands(self._stack.pid)
         except (OSError, TimeoutError, SandboxError) as exc:
             why = self._why(exc)
             raise SandboxStartError(f"sandbox {self.id} failed to start: {why}") from None
