@@ -400,6 +400,7 @@ async def test_a_lone_surrogate_in_the_arguments_is_the_models_error(task, grade
     assert "not valid Unicode" in (traj.steps[0].error or ""), traj.steps[0].observation
 
 
+@pytest.mark.slow
 async def test_a_stopped_shell_times_out_even_a_long_command(task, grader) -> None:
     """A background job stops the session's shell; the next command is longer than a pipe
     holds, so writing it would wait forever: it times out as any command does, and the next

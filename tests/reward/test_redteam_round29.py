@@ -60,6 +60,7 @@ def imported_not_shipped() -> set[str]:
     return names - set(sys.stdlib_module_names)
 
 
+@pytest.mark.slow  # parses the whole standard library (6 s)
 def test_every_name_the_standard_library_falls_back_to_is_screened() -> None:
     """A new interpreter that imports one more name it does not ship fails here, to be
     sorted into the screened names or the ones it imports only elsewhere."""
@@ -104,7 +105,8 @@ def tz_task(root: Path, backend: str):  # type: ignore[no-untyped-def]
     return load_task(root)
 
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(params=["local", pytest.param("docker", marks=[pytest.mark.docker,
+                                                               pytest.mark.slow])])
 def backend(request):  # type: ignore[no-untyped-def]
     if request.param == "docker":
         request.getfixturevalue("docker_ready")

@@ -106,7 +106,8 @@ def verified(root, isolation: str, verifier_isolation: str | None = None):  # ty
     return load_task(root)
 
 
-@pytest.mark.parametrize("isolation", ["auto", "process", "shared"])
+@pytest.mark.parametrize("isolation", ["auto", pytest.param("process", marks=pytest.mark.slow),
+                                       pytest.param("shared", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("attack", [ALWAYS_EQUAL, FRAMES], ids=["always-equal", "frames"])
 async def test_a_function_verifier_is_not_the_agents_to_answer(tmp_path, isolation, attack):
     task = verified(tmp_path, isolation)

@@ -94,7 +94,7 @@ def two_files(root, runner: str, isolation: str):  # type: ignore[no-untyped-def
     return isolated(load_task(root), isolation)
 
 
-@pytest.mark.parametrize("runner", ["plain", "pytest"])
+@pytest.mark.parametrize("runner", ["plain", pytest.param("pytest", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("isolation", ["auto", "data", "process", "shared"])
 async def test_nothing_the_tested_code_writes_joins_the_hidden_tests(tmp_path, runner,
                                                                      isolation):

@@ -166,6 +166,7 @@ async def test_fork_copies_a_deep_tree(make_spec) -> None:
     assert r.stdout == "1100 bottom\n", r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory_mb,disk_mb", [(256, 16), (128, 512), (1024, 256)])
 async def test_what_the_fitted_limits_admit_fits_a_grading_sandbox(make_spec, memory_mb,
                                                                    disk_mb) -> None:
