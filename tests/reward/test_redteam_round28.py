@@ -33,6 +33,7 @@ except OSError:
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ["auto", "process", "shared"])
 async def test_what_the_tests_left_unwritable_in_tmp_is_no_infra_error(tmp_path, isolation):
     task = verified_task(tmp_path, isolation)

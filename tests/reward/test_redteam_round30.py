@@ -118,6 +118,7 @@ async def test_a_function_verifier_is_not_the_agents_to_answer(tmp_path, isolati
     assert result.components["acc"] == 0.0 and result.reward == 0.0, result.details[:3]
 
 
+@pytest.mark.slow
 async def test_a_verifier_in_one_process_is_watched(tmp_path):
     """``isolation = "shared"``: the agent's code in the verifier's process, where the guard
     sees its walk up the frames (the flag zeroes the reward)."""
@@ -191,6 +192,7 @@ def path_task(root, runner: str, tests: str):  # type: ignore[no-untyped-def]
     return load_task(root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
 @pytest.mark.parametrize("tests", [ON_PATH, EXEC_TESTS], ids=["sys-path", "exec"])
 async def test_the_tested_code_never_runs_unwatched_in_the_launcher(tmp_path, runner, tests):

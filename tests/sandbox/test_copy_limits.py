@@ -97,6 +97,7 @@ async def test_deep_trees_are_walked_without_recursion(make_spec, tmp_path: Path
 MANY = {"disk_mb": 512, "memory_mb": 1024}
 
 
+@pytest.mark.slow
 async def test_many_empty_files_stop_at_the_caps(make_spec, tmp_path: Path) -> None:
     async with open_sandbox(make_spec(**MANY)) as sb:
         await run(sb, "echo keep > a.txt && mkdir junk && python3 -c \"\n"
@@ -113,6 +114,7 @@ async def test_many_empty_files_stop_at_the_caps(make_spec, tmp_path: Path) -> N
     assert len(skipped) == 5000 - 1000 - 1 + 1 and "junk" in skipped
 
 
+@pytest.mark.slow
 async def test_a_cancelled_download_stops(make_spec, tmp_path: Path) -> None:
     async with open_sandbox(make_spec(**MANY)) as sb:
         await run(sb, "python3 -c \"\nfor i in range(20000): open('e%d' % i, 'w').close()\"")
