@@ -155,27 +155,23 @@ class ToolBox:
     async def _bash(self, command: str, timeout: float) -> Observation:
         if not command.strip():
             return _error("bash needs a non-empty command")
-        try:
-            shell = await self._session()
-            result = await self._env(shell.run(command, timeout=timeout),
-                                     timeout + self.env_grace_s)
-        except SandboxClosedError:
-            if self.sandbox.closed:
-                raise
-            # The shell ended between two commands (a background ``kill -9 $$``): the model's
-            # doing, not the sandbox's failure; a new shell runs the command.
+        # A shell that ended between two commands (a background ``kill -9 $$``) is the
+        # model's doing, not the sandbox's failure: a new shell runs the command. A live
+        # sandbox where no new shell lives either: what the commands left holds its process
+        # limit (round twenty-eight), the model's to see, and to undo.
+        for _ in range(2):
             try:
                 shell = await self._session()
                 result = await self._env(shell.run(command, timeout=timeout),
                                          timeout + self.env_grace_s)
+                break
             except SandboxClosedError:
                 if self.sandbox.closed:
                     raise
-                # A live sandbox where no shell lives: what the commands left holds its
-                # process limit (round twenty-eight). The model's to see, and to undo.
-                return _error("no shell could start in the sandbox (each ended at once); "
-                              "processes left running may hold its limit of "
-                              f"{self.sandbox.spec.pids} processes")
+        else:
+            return _error("no shell could start in the sandbox (each ended at once); "
+                          "processes left running may hold its limit of "
+                          f"{self.sandbox.spec.pids} processes")
         if result.timed_out:
             # A command that runs past its timeout is the model's; a sandbox that cannot run
             # `true` right after is the environment's.
