@@ -159,29 +159,19 @@ class SandboxCgroup:
         memory = memory_mb << 20
         outer = memory + (INIT_RESERVE_MB << 20 if separate else 0)
         quota = max(int(cpus * CPU_PERIOD_US), 1000)
-        if self.hierarchy.version == 1:
+        version = self.hierarchy.version
+        if version == 1:
             p = self.paths
-            limits = [(p["memory"], outer)]
+            limit_memory(p["memory"], outer, version)
             if separate:
                 self.commands.mkdir()
-                limits.append((self.commands, memory))
-            for path, limit in limits:
-                (path / "memory.limit_in_bytes").write_text(str(limit))
-                with contextlib.suppress(OSError):  # absent without swap accounting
-                    (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
-                # Socket buffers are charged to a v1 memory cgroup only once this is set (v2
-                # charges them always): unset, a sandbox's queued TCP and UDP data would pin
-                # host memory past its limit and press on the machine-wide tcp_mem / udp_mem.
-                with contextlib.suppress(OSError):
-                    (path / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
+                limit_memory(self.commands, memory, version)
             (p["pids"] / "pids.max").write_text(str(pids))
             (p["cpu"] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (p["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
         else:
             path = self.paths[""]
-            (path / "memory.max").write_text(str(outer))
-            with contextlib.suppress(OSError):
-                (path / "memory.swap.max").write_text("0")
+            limit_memory(path, outer, version)
             (path / "pids.max").write_text(str(pids))
             (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
             if not separate:
@@ -190,9 +180,7 @@ class SandboxCgroup:
             (path / "init").mkdir()
             self.commands.mkdir()
             (path / "cgroup.subtree_control").write_text("+memory")
-            (self.commands / "memory.max").write_text(str(memory))
-            with contextlib.suppress(OSError):
-                (self.commands / "memory.swap.max").write_text("0")
+            limit_memory(self.commands, memory, version)
 
     def attach(self, pid: int) -> None:
         if self.hierarchy.version == 1 or not self.separate:
@@ -237,6 +225,23 @@ class SandboxCgroup:
         """Kill whatever is left inside and remove the cgroup(s)."""
         for path in self.paths.values():
             remove_cgroup(path, timeout=timeout)
+
+
+def limit_memory(path: Path, limit: int, version: int) -> None:
+    """Set the memory cgroup ``path``'s limit to ``limit`` bytes, swap included."""
+    if version == 1:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        with contextlib.suppress(OSError):  # absent without swap accounting
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        # Socket buffers are charged to a v1 memory cgroup only once this is set (v2 charges
+        # them always): unset, a sandbox's queued TCP and UDP data would pin host memory past
+        # its limit and press on the machine-wide tcp_mem / udp_mem.
+        with contextlib.suppress(OSError):
+            (path / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
+    else:
+        (path / "memory.max").write_text(str(limit))
+        with contextlib.suppress(OSError):
+            (path / "memory.swap.max").write_text("0")
 
 
 def _read_int(path: Path) -> int | None:

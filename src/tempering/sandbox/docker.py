@@ -385,18 +385,11 @@ def _commands_cgroup(pid: int, limit: int) -> str | None:
     outer, version = found
     commands = outer / cgroup.COMMANDS
     commands.mkdir(exist_ok=True)
-    if version == 1:
-        (commands / "memory.limit_in_bytes").write_text(str(limit))
-        for name in ("memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"):
-            with contextlib.suppress(OSError):  # no swap accounting; no socket accounting
-                (commands / name).write_text(str(limit))
-    else:
+    if version == 2:
         (outer / "init").mkdir(exist_ok=True)
         (outer / "init" / "cgroup.procs").write_text(str(pid))
         (outer / "cgroup.subtree_control").write_text("+memory")
-        (commands / "memory.max").write_text(str(limit))
-        with contextlib.suppress(OSError):
-            (commands / "memory.swap.max").write_text("0")
+    cgroup.limit_memory(commands, limit, version)
     return str(commands / "cgroup.procs")
 
 
