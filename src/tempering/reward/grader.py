@@ -8,7 +8,7 @@
    last; the launcher runs them and reports through an authenticated channel (``runner.py``).
    The number of tests that ran must equal the number expected; skipped, xfailed, errored,
    missing and timed-out tests fail; the exit code is never evidence.
-5. The task's own verifiers in the same sandbox (``verifiers.py``).
+5. The task's own verifiers, each in a fresh sandbox of the screened workspace (``verifiers.py``).
 6. The weighted mean of the components is the reward; any tamper flag makes it 0.
 
 A ``Grader`` can keep launchers started ahead of time (``warm``): grading sandboxes that have
@@ -31,6 +31,7 @@ from tempering.reward.isolation import by_syntax, exchanges_data, ran_here
 from tempering.reward.kept import Kept
 from tempering.reward.result import TAMPER, RewardResult, TestResult
 from tempering.reward.runner import (
+    LAUNCHER_DIR,
     SEPARATE,
     Launcher,
     RunPlan,
@@ -38,15 +39,16 @@ from tempering.reward.runner import (
     compile_sources,
     hidden_files,
     pytest_args,
+    write_launcher,
 )
 from tempering.reward.static import analyse, lint
 from tempering.reward.tamper import parents, screen, sealed_paths
-from tempering.reward.verifiers import VERIFIERS_DIR, clear_tmp, run_verifier
+from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
-from tempering.tasks.task import Task
+from tempering.tasks.task import Task, VerifierConfig
 
 GRADING_OUTPUT_LIMIT = 8 << 20
 KEPT = 1024  # tasks whose canary imports and compiled tests are remembered
@@ -243,39 +245,51 @@ class Grader:
             return await self._again_in_one_process(task, tree, flags, details, isolation,
                                                     run, {})
         launcher = await self._launcher(spec, grading.runner)
-        sb = launcher.sb
         try:
-            await tree.write_into(sb)
-            await task.verifiers.write_into(sb, VERIFIERS_DIR)
+            await tree.write_into(launcher.sb)
             run = await launcher.run(pytest_args(grading.command), task.tests,
                                      grading.tests_dir, grading.timeout_s, canary_imports(task),
                                      isolation=isolation, sealed=sealed_paths(task, tree))
-            scores: dict[str, float] = {}
-            for verifier in task.config.verifiers:
-                # Nothing the tested code started or left may touch a verifier: not what the
-                # test run left, nor what the agent's code left while an earlier verifier ran
-                # it (round twenty-seven).
-                await sb.stop_processes()
-                problem = await clear_tmp(sb)
-                if problem:  # the tested code's doing: no verifier runs beside what it left
-                    got = dict.fromkeys(verifier.component_names, 0.0)
-                else:
-                    source = (task.verifiers.get(verifier.function.partition(":")[0])
-                              if verifier.function else None)
-                    got, problem, audit = await run_verifier(sb, verifier, source)
-                    for flag, detail, where in audit:  # as for the tests: the guard's word
-                        if flag != RAN_HERE:
-                            flags.add(flag)
-                            details.append(f"{flag}: {detail} (from {where}, in verifier "
-                                           f"{verifier.name})")
-                scores.update(got)
-                if problem:
-                    flags.add("verifier_error")
-                    details.append(f"verifier_error: {verifier.name}: {problem}")
         finally:
-            await sb.close()
+            await launcher.sb.close()
+        scores: dict[str, float] = {}
+        for verifier in task.config.verifiers:
+            got, problem, audit = await self._verify(task, tree, spec, verifier)
+            for flag, detail, where in audit:  # as for the tests: the guard's word
+                if flag != RAN_HERE:
+                    flags.add(flag)
+                    details.append(f"{flag}: {detail} (from {where}, in verifier "
+                                   f"{verifier.name})")
+            scores.update(got)
+            if problem:
+                flags.add("verifier_error")
+                details.append(f"verifier_error: {verifier.name}: {problem}")
         return await self._again_in_one_process(task, tree, flags, details, isolation, run,
                                                 scores)
+
+    async def _verify(self, task: Task, tree: FileTree, spec: SandboxSpec,
+                      verifier: VerifierConfig
+                      ) -> tuple[dict[str, float], str, list[tuple[str, str, str]]]:
+        """One verifier (``run_verifier``), in a fresh sandbox of its own that holds the
+        screened workspace, the launcher and the task's verifier files, and nothing else:
+        what the tested code wrote while the tests ran (a ``json.py`` in the workdir that a
+        command verifier's ``python3 -c`` imported), or while an earlier verifier ran it,
+        never reaches it, and the verifier files are never where the tests' run could read
+        them (round thirty-three). A function verifier's own file is there as an empty
+        placeholder: the launcher has its text as hidden code, and the tested code it calls
+        reads nothing of it."""
+        entry = (verifier.function or "").partition(":")[0]
+        source = task.verifiers.get(entry) if verifier.function else None
+        files = task.verifiers if source is None else task.verifiers.overlay({entry: b""})
+        sb = await create_sandbox(spec)
+        try:
+            await tree.write_into(sb)
+            await write_launcher(sb)
+            await files.write_into(sb, VERIFIERS_DIR)
+            await sb.make_readonly(LAUNCHER_DIR)
+            return await run_verifier(sb, verifier, source)
+        finally:
+            await sb.close()
 
     async def _again_in_one_process(self, task: Task, tree: FileTree, flags: set[str],
                                     details: list[str], isolation: str, run: TestRun,

@@ -85,9 +85,7 @@ class Launcher:
     @classmethod
     async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
         """Start the launcher for ``runner`` (``pytest`` or ``plain``) in ``sb``."""
-        for name, data in launcher_files(LAUNCHER_FILES).items():
-            await sb.write_file(f"{LAUNCHER_DIR}/{name}", data)
-        await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
+        await write_launcher(sb)
         command = await sb.start(["python3", "-I", "-B", "-c", run_module(LAUNCHER_DIR, "inside"),
                                   runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
@@ -124,6 +122,13 @@ class Launcher:
         run.oom, run.truncated = result.oom_killed, result.truncated
         run.log = (_human_log(result.stdout, plan.tag) + result.stderr)[-4000:]
         return run
+
+
+async def write_launcher(sb: Sandbox) -> None:
+    """The launcher's files (and their bytecode) into ``LAUNCHER_DIR`` of ``sb``."""
+    for name, data in launcher_files(LAUNCHER_FILES).items():
+        await sb.write_file(f"{LAUNCHER_DIR}/{name}", data)
+    await sb.write_file(f"{LAUNCHER_DIR}/pytest.ini", INI)
 
 
 def run_module(directory: str, name: str) -> str:

@@ -1,9 +1,11 @@
 """A task's own verifiers: scoring commands or Python functions run in the grading sandbox.
 
 Teams encode what "good" means for their business here (a latency budget, a format, a domain
-check). A verifier runs after the hidden tests, in the same grading sandbox, with the task's
-``verifiers/`` files at ``/tmp/.tempering/verifiers`` (``$TEMPERING_VERIFIERS``), which the
-agent never saw. Its scores become named components of the reward.
+check). A verifier runs after the hidden tests, in a fresh sandbox of its own holding the
+screened workspace (``Grader._verify``: nothing the tested code did while the tests or an
+earlier verifier ran reaches it), with the task's ``verifiers/`` files at
+``/tmp/.tempering/verifiers`` (``$TEMPERING_VERIFIERS``), which the agent never saw and the
+tests' run never held. Its scores become named components of the reward.
 
 - ``command``: a shell command run in the workdir; the last line of its stdout is a JSON object
   ``{component: score}`` or one number (for a verifier with one component), taken only when
@@ -35,33 +37,6 @@ from tempering.sandbox import Sandbox
 from tempering.tasks.task import VerifierConfig
 
 VERIFIERS_DIR = f"{LAUNCHER_DIR}/verifiers"
-
-
-async def clear_tmp(sb: Sandbox) -> str:
-    """Empty /tmp (the commands' HOME) of what the test run left, but the launcher's sealed
-    directory: a ``usercustomize.py`` under ``~/.local`` would run inside a command verifier's
-    Python and print its scores (round twenty-six). Run once no process of the test run is
-    left (``stop_processes``). Returns "" or why /tmp could not be emptied: everything there
-    is the sandbox user's own, so what keeps it (modes taken away, more files than the time
-    allows) is the tested code's doing, never the host's (round twenty-eight)."""
-    result = await sb.exec(["sh", "-c", _CLEAR_TMP, "clear", LAUNCHER_DIR], timeout=60)
-    if result.timed_out:
-        return "could not empty /tmp in 60 s"
-    if result.exit_code != 0:
-        return f"could not empty /tmp: {result.stderr.strip()[-300:]}"
-    return ""
-
-
-# The quick way first; what fails it gets its owner's modes back, the directories before
-# their contents (chmod -R's order), then goes. chmod follows no link it meets inside a tree,
-# and the links at the top are left out of it (a link to the workdir must not change a mode
-# there); /tmp itself may have lost its bits too.
-_CLEAR_TMP = """L=$1
-rm_all() { find /tmp -mindepth 1 -maxdepth 1 ! -path "$L" -exec rm -rf {} +; }
-rm_all 2>/dev/null && exit 0
-chmod u+rwx /tmp
-find /tmp -mindepth 1 -maxdepth 1 ! -path "$L" ! -type l -exec chmod -R u+rwx {} + 2>/dev/null
-rm_all"""
 
 
 async def run_verifier(sb: Sandbox, verifier: VerifierConfig, source: bytes | None = None
