@@ -32,21 +32,34 @@ CANARY_BY_NAME = '''def _canary(filename):
 '''
 
 
+def task_dir(root: Path, name: str, files: dict[str, str], *, more_toml: str = "",
+             **grading: str) -> Task:
+    """A task directory at ``root``, loaded: ``files`` by path below it (``workspace/m.py``,
+    ``tests/test_m.py``, ``solution/m.py``, ``verifiers/...``), its ``[grading]`` the pytest
+    command with a 60 s timeout and ``grading`` (``runner``, ``isolation``), then
+    ``more_toml`` (other sections)."""
+    lines = [f'{key} = "{value}"\n' for key, value in grading.items()]
+    (root / "task.toml").parent.mkdir(parents=True, exist_ok=True)
+    (root / "task.toml").write_text(
+        f'[task]\nid = "{name}"\ndescription = "the red team\'s {name}"\n\n'
+        '[grading]\ncommand = "python3 -m pytest tests"\ntimeout_s = 60\n'
+        f'{"".join(lines)}{more_toml}')
+    (root / "instruction.md").write_text(f"Make the tests of {name} pass.\n")
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return load_task(root)
+
+
 def write_task(root: Path, name: str, spec: dict[str, str], runner: str,
                isolation: str = "shared") -> Task:
     """A task directory at ``root`` from ``spec`` (its module's name, the test file's name
     and text, the solution and the stub), graded by ``runner`` with ``isolation``; loaded."""
-    for part in ("workspace", "tests", "solution"):
-        (root / part).mkdir(parents=True)
-    (root / "task.toml").write_text(
-        f'[task]\nid = "{name}"\ndescription = "the red team\'s {name}"\n\n'
-        f'[grading]\ncommand = "python3 -m pytest tests"\nrunner = "{runner}"\ntimeout_s = 60\n'
-        f'isolation = "{isolation}"\n')
-    (root / "instruction.md").write_text(f"Implement {spec['module']}.\n")
-    (root / "workspace" / f"{spec['module']}.py").write_text(spec["stub"])
-    (root / "solution" / f"{spec['module']}.py").write_text(spec["solution"])
-    (root / "tests" / spec["test_name"]).write_text(spec["tests"])
-    return load_task(root)
+    module = spec["module"]
+    return task_dir(root, name, {f"workspace/{module}.py": spec["stub"],
+                                 f"solution/{module}.py": spec["solution"],
+                                 f"tests/{spec['test_name']}": spec["tests"]},
+                    runner=runner, isolation=isolation)
 
 
 def show(label: str, result: RewardResult) -> None:

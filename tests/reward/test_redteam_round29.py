@@ -19,11 +19,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from redteam_parts import task_dir
 
 from conftest import _attempt
 from tempering.reward import Grader
 from tempering.reward.tamper import STDLIB_FALLBACKS
-from tempering.tasks import load_task
 
 # What the standard library imports only on other platforms (Windows, Jython, VMS), for
 # its own test suite, or in a command of distutils': none of it at a test's run time here.
@@ -93,16 +93,9 @@ UTC = Path("/usr/share/zoneinfo/UTC").read_bytes()
 
 
 def tz_task(root: Path, backend: str):  # type: ignore[no-untyped-def]
-    for part in ("workspace", "tests", "solution"):
-        (root / part).mkdir(parents=True)
-    (root / "task.toml").write_text(
-        '[task]\nid = "tz"\n\n[grading]\ncommand = "python3 -m pytest tests"\ntimeout_s = 60\n'
-        f'\n[sandbox]\nbackend = "{backend}"\nmemory_mb = 512\n')
-    (root / "instruction.md").write_text("Convert to Paris time.\n")
-    (root / "workspace" / "tz.py").write_text("def to_paris(dt):\n    pass\n")
-    (root / "solution" / "tz.py").write_text(TZ_SOLUTION)
-    (root / "tests" / "test_tz.py").write_text(TZ_TESTS)
-    return load_task(root)
+    return task_dir(root, "tz", {"workspace/tz.py": "def to_paris(dt):\n    pass\n",
+                                 "solution/tz.py": TZ_SOLUTION, "tests/test_tz.py": TZ_TESTS},
+                    more_toml=f'\n[sandbox]\nbackend = "{backend}"\nmemory_mb = 512\n')
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=[pytest.mark.docker,

@@ -19,11 +19,10 @@ Closed here:
 from __future__ import annotations
 
 import pytest
-from redteam_parts import MEDIAN_SOLUTION
+from redteam_parts import MEDIAN_SOLUTION, task_dir
 
 from conftest import _attempt
 from tempering.reward import Grader
-from tempering.tasks import load_task
 
 CHECK = '''import sys
 
@@ -89,21 +88,16 @@ def mean(xs):
 
 
 def verified(root, isolation: str, verifier_isolation: str | None = None):  # type: ignore[no-untyped-def]
-    for part in ("workspace", "tests", "solution", "verifiers"):
-        (root / part).mkdir(parents=True)
     extra = f'isolation = "{verifier_isolation}"\n' if verifier_isolation else ""
-    (root / "task.toml").write_text(
-        '[task]\nid = "mean"\n\n[grading]\ncommand = "python3 -m pytest tests"\n'
-        f'isolation = "{isolation}"\ntimeout_s = 60\n\n[reward]\ntests = 0.5\nacc = 0.5\n\n'
-        f'[[verifiers]]\nname = "acc"\nfunction = "check.py:score"\ntimeout_s = 30\n{extra}')
-    (root / "instruction.md").write_text("Implement mean.\n")
-    (root / "workspace" / "stats.py").write_text("def mean(xs):\n    raise NotImplementedError\n")
-    (root / "solution" / "stats.py").write_text(MEAN)
-    (root / "tests" / "test_mean.py").write_text(
-        "from stats import mean\n\n\ndef test_a():\n    assert mean([1, 2, 3]) == 2\n\n\n"
-        "def test_b():\n    assert mean([2, 4]) == 3\n")
-    (root / "verifiers" / "check.py").write_text(CHECK)
-    return load_task(root)
+    return task_dir(root, "mean", {
+        "workspace/stats.py": "def mean(xs):\n    raise NotImplementedError\n",
+        "solution/stats.py": MEAN, "verifiers/check.py": CHECK,
+        "tests/test_mean.py": "from stats import mean\n\n\ndef test_a():\n"
+                              "    assert mean([1, 2, 3]) == 2\n\n\n"
+                              "def test_b():\n    assert mean([2, 4]) == 3\n"},
+        isolation=isolation,
+        more_toml='\n[reward]\ntests = 0.5\nacc = 0.5\n\n[[verifiers]]\nname = "acc"\n'
+                  f'function = "check.py:score"\ntimeout_s = 30\n{extra}')
 
 
 @pytest.mark.parametrize("isolation", ["auto", pytest.param("process", marks=pytest.mark.slow),
@@ -180,16 +174,10 @@ def test_even():
 
 
 def path_task(root, runner: str, tests: str):  # type: ignore[no-untyped-def]
-    for part in ("workspace", "tests", "solution"):
-        (root / part).mkdir(parents=True)
-    (root / "task.toml").write_text(
-        '[task]\nid = "median-path"\n\n[grading]\ncommand = "python3 -m pytest tests"\n'
-        f'runner = "{runner}"\nisolation = "auto"\ntimeout_s = 60\n')
-    (root / "instruction.md").write_text("Implement median().\n")
-    (root / "workspace" / "stats.py").write_text("def median(values):\n    pass\n")
-    (root / "solution" / "stats.py").write_text(MEDIAN_SOLUTION)
-    (root / "tests" / "test_median.py").write_text(tests)
-    return load_task(root)
+    return task_dir(root, "median-path", {
+        "workspace/stats.py": "def median(values):\n    pass\n",
+        "solution/stats.py": MEDIAN_SOLUTION, "tests/test_median.py": tests},
+        runner=runner, isolation="auto")
 
 
 @pytest.mark.slow

@@ -16,10 +16,10 @@ the guard alike.
 from __future__ import annotations
 
 import pytest
+from redteam_parts import task_dir
 
 from conftest import _attempt, isolated
 from tempering.reward import Grader
-from tempering.tasks import load_task
 
 TEST_A = '''from stats import mean
 
@@ -81,17 +81,10 @@ PLANTS = ("import os\n\nfor _dir in ('/workspace/tests', 'tests'):\n    try:\n"
 
 
 def two_files(root, runner: str, isolation: str):  # type: ignore[no-untyped-def]
-    for part in ("workspace", "tests", "solution"):
-        (root / part).mkdir(parents=True)
-    (root / "task.toml").write_text(
-        '[task]\nid = "mean-two"\n\n[grading]\ncommand = "python3 -m pytest tests"\n'
-        f'runner = "{runner}"\nisolation = "{isolation}"\ntimeout_s = 60\n')
-    (root / "instruction.md").write_text("Implement mean().\n")
-    (root / "workspace" / "stats.py").write_text("def mean(xs):\n    pass\n")
-    (root / "solution" / "stats.py").write_text(SOLUTION)
-    (root / "tests" / "test_a.py").write_text(TEST_A)
-    (root / "tests" / "test_b.py").write_text(TEST_B)
-    return isolated(load_task(root), isolation)
+    return isolated(task_dir(root, "mean-two", {
+        "workspace/stats.py": "def mean(xs):\n    pass\n", "solution/stats.py": SOLUTION,
+        "tests/test_a.py": TEST_A, "tests/test_b.py": TEST_B},
+        runner=runner, isolation=isolation), isolation)
 
 
 @pytest.mark.parametrize("runner", ["plain", pytest.param("pytest", marks=pytest.mark.slow)])

@@ -410,22 +410,15 @@ def _oom_kills_of(pid: int) -> int | None:
     return None
 
 
-
 def _limit_sockets(pid: int, limit: int) -> None:
     """On cgroup v1 a container's socket buffers count against no limit until one is set (v2
     counts them in its memory; the engine's ``KernelMemoryTCP`` is ignored by runc): the
     same budget as the local backend's, set before the first command makes a socket."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    found = _memory_cgroup(pid)
+    if found is None or found[1] != 1:
         return
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            name = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            with contextlib.suppress(OSError):
-                (name / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
+    with contextlib.suppress(OSError):
+        (found[0] / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit))
 
 
 PTYS = 32  # a container's ptys at most, as a local sandbox's (init.c)
