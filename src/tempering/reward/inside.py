@@ -1080,7 +1080,7 @@ def main():
         _tryfirst(Report)
     import ctypes  # noqa: F401 - for undumpable(), which then forgets it
 
-    guard_module.preseal()  # so is the slow half of sealing
+    guard_module.preseal(os.path.dirname(os.path.abspath(__file__)))  # the slow half of sealing
     freeze()
     configured(runner)  # frozen, unlike this frame: it runs the tested code
 

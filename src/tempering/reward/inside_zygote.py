@@ -274,7 +274,7 @@ def main():
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
-    inside.guard_module.preseal()  # once, for every grading forked from here
+    inside.guard_module.preseal(os.path.dirname(inside.__file__))  # once, for every grading
     inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
                                 sys.modules[__name__]])
     inside.guard_module.freeze_frame_handlers()
