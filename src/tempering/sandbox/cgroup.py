@@ -10,6 +10,7 @@ or below ``$TEMPERING_CGROUP_PARENT`` (a cgroup without processes, such as the t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -225,6 +226,20 @@ class SandboxCgroup:
         """Kill whatever is left inside and remove the cgroup(s)."""
         for path in self.paths.values():
             remove_cgroup(path, timeout=timeout)
+
+
+async def attach_in_thread(group: SandboxCgroup, pid: int) -> None:
+    """``group.attach(pid)`` in a thread: a migration waits in the kernel for an RCU grace
+    period per controller (milliseconds), which on the event loop held up every other
+    sandbox's start. Awaited to its end even when cancelled: the caller's cleanup then never
+    races a migration still under way."""
+    attaching = asyncio.ensure_future(asyncio.to_thread(group.attach, pid))
+    try:
+        await asyncio.shield(attaching)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await attaching
+        raise
 
 
 def limit_memory(path: Path, limit: int, version: int) -> None:
