@@ -18,8 +18,9 @@ an empty placeholder there (its text goes to the launcher as hidden code). Both 
 on the commit before this round (the honest solution keeps its reward on both).
 
 3. The example task ``slugify``'s CMS verifier accepted a constant slug (``"x"``), which obeys
-   every rule of the CMS: a stub won that component. The example's check now also asks that a
-   slug say what its title says.
+   every rule of the CMS, and lint and rules scored any clean change: a constant stub took 0.4
+   of the example's reward. The example's check now also asks that a slug say what its title
+   says, and lint and rules are scaled by the tests' score.
 """
 
 from __future__ import annotations
@@ -182,3 +183,5 @@ async def test_the_slugify_examples_verifier_gives_a_constant_slug_nothing() -> 
             {"slug.py": b"def slugify(title):\n    return 'x'\n"}))
     assert honest.components["cms"] == 1.0 and honest.reward == 1.0
     assert stub.components["cms"] == 0.0, stub.components
+    # nor lint and rules, which judge working code: a clean change that passes no test
+    assert stub.components["lint"] == stub.components["rules"] == 0.0 and stub.reward == 0.0

@@ -52,6 +52,7 @@ from tempering.tasks.task import Task, VerifierConfig
 
 GRADING_OUTPUT_LIMIT = 8 << 20
 KEPT = 1024  # tasks whose canary imports and compiled tests are remembered
+GATED = ("lint", "rules")  # components scaled by the tests' score
 
 
 def grading_spec(task: Task) -> SandboxSpec:
@@ -195,6 +196,12 @@ class Grader:
         all_or_fraction = (passed == expected) if task.config.grading.scoring == "all" else (
             passed / expected)
         components["tests"] = float(all_or_fraction)
+        # Lint and rules judge working code: scaled by the tests' score, a clean change that
+        # solves nothing earns nothing on them (red team, round thirty-three: a constant stub
+        # took the example's lint and rules, a fifth of its reward).
+        for name in GATED:
+            if name in components:
+                components[name] *= components["tests"]
         weights = task.config.reward
         total = sum(weights.values())
         reward = sum(w * components.get(name, 0.0) for name, w in weights.items()) / total
