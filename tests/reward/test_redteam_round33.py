@@ -185,3 +185,51 @@ async def test_the_slugify_examples_verifier_gives_a_constant_slug_nothing() -> 
     assert stub.components["cms"] == 0.0, stub.components
     # nor lint and rules, which judge working code: a clean change that passes no test
     assert stub.components["lint"] == stub.components["rules"] == 0.0 and stub.reward == 0.0
+
+
+THRESHOLD_VERIFIER = '''import json
+import sys
+from pathlib import Path
+
+
+def score(workdir):
+    sys.path.append(workdir)
+    from stats import median  # the agent's code runs first
+    need = json.loads(Path(workdir, "threshold.json").read_text())["need"]
+    ok = 0
+    for xs, want in (([9, 2, 7], 7), ([1, 2, 3, 4], 2.5), ([5], 5)):
+        try:
+            ok += median(list(xs)) == want
+        except Exception:
+            pass
+    return {"acc": float(ok >= need)}
+'''
+
+LOWERS_THRESHOLD = '''try:
+    with open("/workspace/threshold.json", "w") as f:
+        f.write('{"need": 0}')
+except OSError:
+    pass
+
+
+def median(values):
+    raise NotImplementedError
+'''
+
+
+async def test_a_verifiers_sandbox_keeps_the_protected_files_read_only(tmp_path) -> None:
+    """In the verifier's own sandbox too, the task's protected files are sealed before any of
+    the agent's code runs: a stub that lowered the verifier's bar in ``threshold.json``, when
+    the verifier had imported it, took the component."""
+    task = task_dir(tmp_path / "task", "median-bar", {
+        "workspace/stats.py": "def median(values):\n    raise NotImplementedError\n",
+        "workspace/threshold.json": '{"need": 3}', "solution/stats.py": MEDIAN_SOLUTION,
+        "tests/test_median.py": TESTS, "verifiers/bar.py": THRESHOLD_VERIFIER},
+        runner="plain", more_toml='protected = ["threshold.json"]\n' + VERIFIER_TOML
+        + 'function = "bar.py:score"\ntimeout_s = 30\n')
+    async with Grader() as grader:
+        honest = await grader.grade_files(task, task.workspace.overlay(
+            {"stats.py": MEDIAN_SOLUTION.encode()}))
+        result = await _attempt(task, {"stats.py": LOWERS_THRESHOLD}, grader=grader)
+    assert honest.reward == 1.0, (honest.flags, honest.details)
+    assert result.components["acc"] == 0.0, (result.components, result.flags, result.details)

@@ -278,7 +278,8 @@ class Grader:
                       verifier: VerifierConfig
                       ) -> tuple[dict[str, float], str, list[tuple[str, str, str]]]:
         """One verifier (``run_verifier``), in a fresh sandbox of its own that holds the
-        screened workspace, the launcher and the task's verifier files, and nothing else:
+        screened workspace (its protected files read-only, as for the tests), the launcher
+        and the task's verifier files, and nothing else:
         what the tested code wrote while the tests ran (a ``json.py`` in the workdir that a
         command verifier's ``python3 -c`` imported), or while an earlier verifier ran it,
         never reaches it, and the verifier files are never where the tests' run could read
@@ -293,7 +294,8 @@ class Grader:
             await tree.write_into(sb)
             await write_launcher(sb)
             await files.write_into(sb, VERIFIERS_DIR)
-            await sb.make_readonly(LAUNCHER_DIR)
+            sealed = sealed_paths(task, tree)  # the task's protected files, as for the tests
+            await sb.make_readonly(LAUNCHER_DIR, *sealed, pin=parents(sealed))
             return await run_verifier(sb, verifier, source)
         finally:
             await sb.close()
