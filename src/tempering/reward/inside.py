@@ -1022,6 +1022,9 @@ def run_verifier(config, fd):
     tests'); report its scores."""
     workspace, _ = prepare({**config, "tests": config.get("tests", "/nonexistent"),
                             "launcher_dir": os.path.dirname(os.path.abspath(__file__))}, fd)
+    # Its own helpers first, whatever it later appends (the workspace, in one process: the
+    # agent's ``cases.py`` stood in for the verifier's own; red team, round thirty-four).
+    sys.path.insert(0, os.path.dirname(config["file"]))
     emit("seal")
     module = load_hidden(config["file"], "tempering_verifier")
     if module is None:

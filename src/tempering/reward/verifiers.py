@@ -44,7 +44,10 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig, source: bytes | No
     """(scores by component, problem or "", what the guard saw: (flag, detail, where));
     every declared component gets a score. ``source``: a function verifier's file."""
     names = verifier.component_names
-    env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR, "PYTHONNOUSERSITE": "1"}
+    # PYTHONSAFEPATH: no Python a command verifier starts puts its working directory (the
+    # workdir) on sys.path by itself; `python3 -m pytest` imported the agent's `attr.py`
+    # there, and `python3 -c` its `json.py` (red team, rounds thirty-three and thirty-four).
+    env = {"TEMPERING_VERIFIERS": VERIFIERS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
     audit: list[tuple[str, str, str]] = []
     if verifier.command is not None:
         result = await sb.exec(verifier.command, timeout=verifier.timeout_s, env=env)
