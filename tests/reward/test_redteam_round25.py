@@ -202,14 +202,17 @@ def test_admin():
     assert slugify("Admin") == "admin"
 '''
 
-BENCH = '''"""Runs the agent's slugify in a subprocess and scores it (never imports it here)."""
+BENCH = '''"""Runs the agent's slugify in a subprocess and scores it (never imports it here); the
+workdir (its working directory) on the child's path said outright (PYTHONSAFEPATH)."""
 import json
+import os
 import subprocess
 import sys
 
 code = "import json; from slug import slugify; print(json.dumps(slugify('Hello World')))"
 try:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()},
                          timeout=10).stdout.strip().splitlines()[-1]
     ok = json.loads(out) == "hello-world"
 except Exception:

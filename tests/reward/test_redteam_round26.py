@@ -186,10 +186,12 @@ async def test_a_test_that_hands_the_tested_code_a_file_stays_in_one_process(tmp
 
 # Round twenty-seven: a daemon the agent's code starts while one verifier runs it lived on
 # through the next verifier. The second verifier here reports what it finds running.
-RUNS_AGENT = '''import subprocess
+RUNS_AGENT = '''import os
+import subprocess
 import sys
 
-subprocess.run([sys.executable, "-c", "import slug"], timeout=10)
+subprocess.run([sys.executable, "-c", "import slug"], timeout=10,
+               env={**os.environ, "PYTHONPATH": os.getcwd()})
 print('{"first": 1.0}')
 '''
 
