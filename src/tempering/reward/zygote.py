@@ -264,16 +264,13 @@ class Zygote:
             {spec.workdir: f"/proc/{pid}/root{spec.workdir}", "/tmp": f"/proc/{pid}/root/tmp"},
             spec.workdir, self._uid.uid, self._uid.gid))
 
-        def join() -> None:  # a cgroup migration waits in the kernel for milliseconds
+        def join() -> None:
             group.create(memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
             group.attach(pid)
 
-        joining = asyncio.ensure_future(asyncio.to_thread(join))
         try:
-            await asyncio.shield(joining)
+            await cgroup.in_thread(join)
         except BaseException:  # failed or cancelled: once the thread is done, nothing is left
-            with contextlib.suppress(BaseException):
-                await joining
             await asyncio.to_thread(forked.close)
             raise
         return forked

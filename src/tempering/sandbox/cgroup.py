@@ -16,6 +16,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,17 +229,17 @@ class SandboxCgroup:
             remove_cgroup(path, timeout=timeout)
 
 
-async def attach_in_thread(group: SandboxCgroup, pid: int) -> None:
-    """``group.attach(pid)`` in a thread: a migration waits in the kernel for an RCU grace
-    period per controller (milliseconds), which on the event loop held up every other
-    sandbox's start. Awaited to its end even when cancelled: the caller's cleanup then never
-    races a migration still under way."""
-    attaching = asyncio.ensure_future(asyncio.to_thread(group.attach, pid))
+async def in_thread(join: Callable[[], None]) -> None:
+    """``join()`` (a cgroup's creation and migrations) in a thread: a migration waits in the
+    kernel for an RCU grace period per controller (milliseconds), which on the event loop
+    held up every other sandbox's start. Awaited to its end even when cancelled: the caller's
+    cleanup then never races a migration still under way."""
+    joining = asyncio.ensure_future(asyncio.to_thread(join))
     try:
-        await asyncio.shield(attaching)
+        await asyncio.shield(joining)
     except asyncio.CancelledError:
         with contextlib.suppress(BaseException):
-            await attaching
+            await joining
         raise
 
 

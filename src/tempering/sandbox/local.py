@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -227,7 +228,7 @@ class LocalSandbox(InitSandbox):
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 self._init_pid = await read_child_pid(info_r)
-                await cgroup.attach_in_thread(self._cgroup, self._init_pid)
+                await cgroup.in_thread(functools.partial(self._cgroup.attach, self._init_pid))
                 cpus = sorted(os.sched_getaffinity(0))
                 want = min(math.ceil(spec.cpus), len(cpus))
                 first = next(_next_cpu)
