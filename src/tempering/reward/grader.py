@@ -292,7 +292,8 @@ class Grader:
         sb = await create_sandbox(spec)
         try:
             await tree.write_into(sb)
-            await write_launcher(sb)
+            if source is not None:  # only a function verifier runs the launcher
+                await write_launcher(sb)
             await files.write_into(sb, VERIFIERS_DIR)
             sealed = sealed_paths(task, tree)  # the task's protected files, as for the tests
             await sb.make_readonly(LAUNCHER_DIR, *sealed, pin=parents(sealed))
