@@ -28,9 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from redteam_parts import MEDIAN_SOLUTION, task_dir
+from redteam_parts import MEDIAN_SOLUTION, honest_then, task_dir
 
-from conftest import _attempt
 from tempering.reward import Grader
 from tempering.tasks import load_task
 
@@ -151,11 +150,7 @@ def function_task(root, runner: str):  # type: ignore[no-untyped-def]
 async def test_a_module_planted_in_the_workdir_never_reaches_a_command_verifier(
         tmp_path, runner: str) -> None:
     task = command_task(tmp_path / "task", runner)
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"stats.py": MEDIAN_SOLUTION.encode()}))
-        result = await _attempt(task, {"stats.py": PLANTS}, grader=grader)
-    assert honest.reward == 1.0, (honest.flags, honest.details)
+    result = await honest_then(task, {"stats.py": MEDIAN_SOLUTION}, {"stats.py": PLANTS})
     assert result.components["acc"] == 0.0, (result.components, result.flags, result.details)
     assert result.reward == 0.0
 
@@ -164,11 +159,7 @@ async def test_a_module_planted_in_the_workdir_never_reaches_a_command_verifier(
 async def test_the_verifier_files_are_out_of_the_tested_codes_reach(tmp_path,
                                                                     runner: str) -> None:
     task = function_task(tmp_path / "task", runner)
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"stats.py": MEDIAN_SOLUTION.encode()}))
-        result = await _attempt(task, {"stats.py": READS_TABLE}, grader=grader)
-    assert honest.reward == 1.0, (honest.flags, honest.details)
+    result = await honest_then(task, {"stats.py": MEDIAN_SOLUTION}, {"stats.py": READS_TABLE})
     assert result.components["acc"] == 0.0, (result.components, result.flags, result.details)
     assert result.reward == 0.0
 
@@ -227,9 +218,6 @@ async def test_a_verifiers_sandbox_keeps_the_protected_files_read_only(tmp_path)
         "tests/test_median.py": TESTS, "verifiers/bar.py": THRESHOLD_VERIFIER},
         runner="plain", more_toml='protected = ["threshold.json"]\n' + VERIFIER_TOML
         + 'function = "bar.py:score"\ntimeout_s = 30\n')
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"stats.py": MEDIAN_SOLUTION.encode()}))
-        result = await _attempt(task, {"stats.py": LOWERS_THRESHOLD}, grader=grader)
-    assert honest.reward == 1.0, (honest.flags, honest.details)
+    result = await honest_then(task, {"stats.py": MEDIAN_SOLUTION},
+                               {"stats.py": LOWERS_THRESHOLD})
     assert result.components["acc"] == 0.0, (result.components, result.flags, result.details)

@@ -17,10 +17,7 @@ Both fail on the commit before this round; the honest solution keeps its reward.
 from __future__ import annotations
 
 import pytest
-from redteam_parts import task_dir
-
-from conftest import _attempt
-from tempering.reward import Grader
+from redteam_parts import honest_then, task_dir
 
 TESTS = "from m import f\n\n\ndef test_a():\n    assert f(3) == 9\n"
 SOLUTION = "def f(x):\n    return x * x\n"
@@ -63,11 +60,7 @@ async def test_a_command_verifiers_python_never_imports_from_the_workdir(tmp_pat
     task = task_dir(tmp_path / "task", "pyshadow", {
         "workspace/m.py": STUB, "solution/m.py": SOLUTION, "tests/test_a.py": TESTS,
         "verifiers/test_perf.py": TEST_PERF}, runner=runner, more_toml=PYTEST_VERIFIER)
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"m.py": SOLUTION.encode()}))
-        result = await _attempt(task, {"attr.py": "import os\nos._exit(0)\n"}, grader=grader)
-    assert honest.reward == 1.0, (honest.flags, honest.details)
+    result = await honest_then(task, {"m.py": SOLUTION}, {"attr.py": "import os\nos._exit(0)\n"})
     assert result.components["perf"] == 0.0, (result.components, result.flags, result.details)
     assert result.reward == 0.0
 
@@ -79,11 +72,6 @@ async def test_a_function_verifiers_own_helpers_come_first(tmp_path, isolation: 
         "verifiers/fv.py": HELPED, "verifiers/cases.py": "CASES = [(2, 4), (3, 9), (5, 25)]\n"},
         runner="plain", more_toml='\n[reward]\ntests = 0.5\nfn = 0.5\n\n[[verifiers]]\n'
         f'name = "fn"\nfunction = "fv.py:score"\nisolation = "{isolation}"\ntimeout_s = 30\n')
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"m.py": SOLUTION.encode()}))
-        result = await _attempt(task, {"m.py": "def f(x):\n    return 0\n",
-                                       "cases.py": "CASES = [(1, 0), (2, 0)]\n"},
-                                grader=grader)
-    assert honest.reward == 1.0, (honest.flags, honest.details)
+    result = await honest_then(task, {"m.py": SOLUTION}, {
+        "m.py": "def f(x):\n    return 0\n", "cases.py": "CASES = [(1, 0), (2, 0)]\n"})
     assert result.components["fn"] == 0.0, (result.components, result.flags, result.details)
