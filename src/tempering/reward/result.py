@@ -48,6 +48,7 @@ NOTES: dict[str, str] = {
                      "pytest with its own ini file, so it cannot change how the tests run)",
     "tests_dir_edit": "a new file the agent put in the hidden tests directory was dropped",
     "binary_dropped": "a compiled module was dropped (the task does not allow binaries)",
+    "path_conflict": "an added file clashed with a directory of the graded tree (dropped)",
     "guard_error": "the grading guard failed on an event of the test process (see details)",
 }
 

@@ -43,8 +43,24 @@ INTROSPECTION_CALLS = frozenset({
 })
 FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "tb_frame", "gi_frame",
                               "cr_frame"})
+# Imports made by a call, and code run from a string: what they import is read from their
+# literal argument; anything else imports what no reading can name (``DYNAMIC``), which a
+# task's ``forbidden_imports`` rule counts as forbidden (red team, round thirty-six).
+IMPORTING_CALLS = frozenset({"__import__", "builtins.__import__", "importlib.import_module",
+                             "importlib.__import__"})
+EXECUTING_CALLS = frozenset({"exec", "eval", "compile", "builtins.exec", "builtins.eval",
+                             "builtins.compile"})
+# Names through which an import can be made without an import statement: any use of them
+# but a call read above (``f = __import__``, ``getattr(builtins, name)``) is dynamic.
+HANDLE_ATTRIBUTES = frozenset({"__import__", "import_module", "__builtins__", "__loader__",
+                               "__spec__", "spec_from_file_location", "spec_from_loader",
+                               "exec_module", "load_module", "run_path", "run_module"})
+HANDLE_NAMES = HANDLE_ATTRIBUTES | {"exec", "eval", "compile", "builtins", "importlib"}
+DYNAMIC = "<dynamic import>"
+MAX_NESTED_CODE = 4  # code strings within code strings read; deeper is DYNAMIC
 MAX_PARSE_BYTES = 16 << 20  # a file is screened whole, as far as the copy takes one
 PARSE_BUDGET = 64 << 20  # all changed Python files together; past it, they are not screened
+LINT_TIMEOUT_S = 120  # past it, ruff is stopped and the lint component is 0
 
 
 @dataclass
@@ -84,7 +100,8 @@ class _Names:
     iteratively (``ast.walk``), never by recursion: a file of deeply nested expressions is
     screened like any other, not a crash of the grader."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, depth: int = 0) -> None:
+        self.depth = depth
         self.aliases: dict[str, str] = {}
         self.imports: set[str] = set()
         self.calls: list[tuple[str, int]] = []
@@ -109,6 +126,14 @@ class _Names:
                 self.attributes.append((node.attr, node.lineno))
             elif isinstance(node, ast.ClassDef):
                 self._class(node)
+        read = {id(n) for call in nodes if isinstance(call, ast.Call)
+                and self.dotted(call.func) in IMPORTING_CALLS | EXECUTING_CALLS
+                for n in _chain(call.func)}
+        if any(id(node) not in read and (
+                isinstance(node, ast.Name) and node.id in HANDLE_NAMES
+                or isinstance(node, ast.Attribute) and node.attr in HANDLE_ATTRIBUTES)
+               for node in nodes):  # ``f = __import__``, ``getattr(builtins, name)``: unread
+            self.imports.add(DYNAMIC)
 
     def dotted(self, node: ast.expr) -> str | None:
         parts: list[str] = []
@@ -129,11 +154,32 @@ class _Names:
         name = self.dotted(node.func)
         if name is not None:
             self.calls.append((name, node.lineno))
+        if name in IMPORTING_CALLS or name in EXECUTING_CALLS:
+            self._dynamic(name, node)
         if (isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2
                 and isinstance(node.args[1], ast.Constant)):
             base = self.dotted(node.args[0])
             if base is not None:
                 self.calls.append((f"{base}.{node.args[1].value!s}", node.lineno))
+
+    def _dynamic(self, name: str, node: ast.Call) -> None:
+        """What an import by call (``__import__("x")``) or code run from a string imports:
+        the module named, the imports of the code (parsed, never run), or ``DYNAMIC`` where
+        the argument is not a literal and no reading can say what it loads."""
+        first = node.args[0] if node.args else None
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            self.imports.add(DYNAMIC)
+        elif name in IMPORTING_CALLS:
+            self.imports.add(first.value)
+        elif self.depth < MAX_NESTED_CODE:
+            try:
+                inner = _Names(ast.parse(first.value), self.depth + 1)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return  # no code: running it raises
+            self.imports |= inner.imports
+            self.calls += inner.calls
+        else:
+            self.imports.add(DYNAMIC)
 
     def _class(self, node: ast.ClassDef) -> None:
         for item in node.body:
@@ -147,6 +193,15 @@ class _Names:
                 want = any(isinstance(t, ast.Name) and t.id == "__eq__" for t in item.targets)
                 if isinstance(value, ast.Lambda) and _constant(value.body) is want:
                     self.always_equal.append((f"{node.name}.__eq__/__ne__", item.lineno))
+
+
+def _chain(node: ast.expr) -> list[ast.expr]:
+    """The nodes of a dotted name, ``a.b.c`` down to ``a``."""
+    chain = [node]
+    while isinstance(node, ast.Attribute):
+        node = node.value
+        chain.append(node)
+    return chain
 
 
 def _is_test_file(path: str) -> bool:
@@ -215,7 +270,8 @@ def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, _Names], ta
     results: list[tuple[str, bool, str]] = []
     if rules.forbidden_imports:
         bad = sorted({f"{path}: {mod}" for path, names in parsed.items() for mod in names.imports
-                      if any(mod == f or mod.startswith(f + ".") for f in rules.forbidden_imports)})
+                      if mod == DYNAMIC or any(mod == f or mod.startswith(f + ".")
+                                               for f in rules.forbidden_imports)})
         results.append(("forbidden_imports", not bad, "; ".join(bad)))
     if rules.forbidden_calls:
         bad = sorted({f"{path}:{line}: {name}" for path, names in parsed.items()
@@ -240,19 +296,22 @@ def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, _Names], ta
 
 
 def changed_lines(task: Task, screened: Screened) -> int:
-    """Lines added plus removed over the changed text files (a binary file counts as 1)."""
+    """Lines added plus removed over the changed files, as the interpreter reads a Python file
+    (its coding cookie honoured: a latin-1 file is many lines, not one undecodable blob, and a
+    utf-7 one is split where its encoded newlines are) and as bytes any other file."""
     total = 0
     for path in screened.changed:
-        old = task.workspace.files.get(path, b"")
-        new = screened.applied.get(path) or b""
-        try:
-            a, b = old.decode().splitlines(), new.decode().splitlines()
-        except UnicodeDecodeError:
-            total += 1
-            continue
-        total += sum(1 for line in difflib.unified_diff(a, b, lineterm="", n=0)
-                     if line[:1] in "+-" and not line.startswith(("+++", "---")))
+        old = _lines(path, task.workspace.files.get(path, b""))
+        new = _lines(path, screened.applied.get(path) or b"")
+        matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+        total += sum(i2 - i1 + j2 - j1 for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+                     if tag != "equal")
     return total
+
+
+def _lines(path: str, data: bytes) -> list[str] | list[bytes]:
+    text = decode_source(data) if path.endswith(".py") else None
+    return text.splitlines() if text is not None else data.splitlines()
 
 
 async def lint(config: LintConfig, screened: Screened) -> tuple[float, list[str]]:
@@ -274,11 +333,18 @@ def _ruff(config: LintConfig, sources: dict[str, bytes]) -> tuple[float, list[st
             target = Path(tmp, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        proc = subprocess.run(
-            [ruff, "check", "--isolated", "--ignore-noqa", "--no-cache", "--output-format",
-             "json", "--select", ",".join(config.select), "--line-length",
-             str(config.line_length), "--exit-zero", *sorted(sources)],
-            cwd=tmp, capture_output=True, timeout=120)
+        # Every name is the agent's: each goes after "--" and starts with "./", so that none
+        # is read as an option (``--stdin-filename=x.py`` would lint stdin instead: round
+        # thirty-six), and stdin is empty.
+        try:
+            proc = subprocess.run(
+                [ruff, "check", "--isolated", "--ignore-noqa", "--no-cache", "--output-format",
+                 "json", "--select", ",".join(config.select), "--line-length",
+                 str(config.line_length), "--exit-zero", "--",
+                 *(f"./{path}" for path in sorted(sources))],
+                cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, timeout=LINT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise OSError(f"ruff took more than {LINT_TIMEOUT_S} s") from None
         if proc.returncode != 0:
             raise OSError(f"ruff failed: {proc.stderr.decode(errors='replace').strip()[-300:]}")
         findings = [f"lint: {os.path.relpath(f['filename'], tmp)}:{f['location']['row']}: "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.machinery
 import posixpath
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tempering.tasks.files import FileTree, matches
@@ -65,18 +66,17 @@ def screen(task: Task, final: FileTree) -> Screened:
     grading = task.config.grading
     protected = [grading.tests_dir, *grading.protected]
     out = Screened()
-    left_out = set()
-    for entry in final.left_out:
-        path = entry.split(" (", 1)[0]
-        left_out.add(path)
+    for path in sorted(final.left_out_paths):
         if matches(path, protected):
-            out.drop(path, "tests_symlink", f"left out as {entry.split(' (', 1)[1][:-1]}")
-        else:
-            out.flags.add("files_left_out")
-            out.details.append(f"files_left_out: {entry}")
+            out.drop(path, "tests_symlink", "left out of the copy: a link, not a regular file, "
+                                            "or past a limit")
+    if final.left_out:
+        out.flags.add("files_left_out")
+        out.details += [f"files_left_out: {entry}" for entry in final.left_out]
+    directories = _directories(final)
     paths = sorted(set(pristine) | set(final))
     for path in paths:
-        if path in left_out and path not in final:
+        if path in final.left_out_paths and path not in final and path not in directories:
             continue  # not read (too big, too many): it stays as the task shipped it
         old, new = pristine.files.get(path), final.files.get(path)
         if old == new and (new is None or pristine.mode(path) == final.mode(path)):
@@ -96,7 +96,32 @@ def screen(task: Task, final: FileTree) -> Screened:
             out.flags.add("pytest_config")
             out.details.append(f"pytest_config: {path}: pytest configuration (applied; the "
                                "hidden tests run under the grader's own)")
+    _drop_conflicts(pristine, out)
     return out
+
+
+def _directories(paths: Iterable[str]) -> set[str]:
+    """Every directory above one of ``paths``."""
+    return {path[:i] for path in paths for i, c in enumerate(path) if c == "/"}
+
+
+def _drop_conflicts(pristine: FileTree, out: Screened) -> None:
+    """Drop each added file whose path is also a directory of the graded tree, or lies below a
+    file of it: no workspace on disk holds both, but one screened from an odd workspace can
+    (a pristine file kept where the agent left a directory; a tree given as files), and
+    writing it into the grading sandbox would fail the grading, not the agent. A note: what
+    is dropped is the agent's own."""
+    graded = {p for p in pristine if p not in out.applied} | {
+        p for p, data in out.applied.items() if data is not None}
+    directories = _directories(graded)
+    clashing = sorted(p for p, data in out.applied.items() if data is not None and (
+        p in directories or any(p[:i] in graded for i, c in enumerate(p) if c == "/")))
+    for path in clashing:  # (dropping files makes no new clash)
+        del out.applied[path]
+        out.modes.pop(path, None)
+        out.flags.add("path_conflict")
+        out.details.append(f"path_conflict: {path}: both a file and a directory in the graded "
+                           "tree (the agent's file dropped)")
 
 
 def sealed_paths(task: Task, tree: FileTree) -> list[str]:

@@ -92,6 +92,8 @@ class TreeCopy:
     files: dict[str, bytes] = field(default_factory=dict)
     modes: dict[str, int] = field(default_factory=dict)
     left_out: tuple[str, ...] = ()
+    left_out_paths: frozenset[str] = frozenset()
+    """Every path left out, listed or counted: what a caller decides on, never the text."""
 
 
 class Stopped(Exception):
@@ -304,6 +306,9 @@ def read_tree(walk: Walk) -> TreeCopy:
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
     for entry in walk.entries():
+        if not utf8(entry.path):  # no tree, report or trajectory could hold its name
+            walk.leave(printable(entry.path), "name is not UTF-8")
+            continue
         if entry.is_dir:
             continue
         if entry.link_of is not None:
@@ -313,7 +318,22 @@ def read_tree(walk: Walk) -> TreeCopy:
         if data is not None:
             files[entry.path] = data
             modes[entry.path] = 0o755 if entry.info.st_mode & 0o111 else 0o644
-    return TreeCopy(files, modes, summary(walk.left_out))
+    return TreeCopy(files, modes, summary(walk.left_out),
+                    frozenset(path for path, _ in walk.left_out))
+
+
+def utf8(name: str) -> bool:
+    """Whether a name read from the filesystem is text (no byte undecodable as UTF-8)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(name: str) -> str:
+    """A filesystem name as text: each byte that is not UTF-8 as ``\\xNN``."""
+    return name.encode(errors="surrogateescape").decode(errors="backslashreplace")
 
 
 def summary(left_out: list[tuple[str, str]]) -> tuple[str, ...]:

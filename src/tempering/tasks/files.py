@@ -30,7 +30,8 @@ class FileTree(Mapping[str, bytes]):
 
     files: Mapping[str, bytes] = field(default_factory=dict)
     modes: Mapping[str, int] = field(default_factory=dict)
-    left_out: tuple[str, ...] = ()  # "path (why)" for every entry not taken
+    left_out: tuple[str, ...] = ()  # "path (why)" for entries not taken (100, then a count)
+    left_out_paths: frozenset[str] = frozenset()  # the path of every entry not taken
 
     def __getitem__(self, path: str) -> bytes:
         return self.files[path]
@@ -72,7 +73,7 @@ class FileTree(Mapping[str, bytes]):
             copy = read_tree(Walk(fd, limits or Limits()))
         finally:
             os.close(fd)
-        return cls(copy.files, copy.modes, copy.left_out)
+        return cls(copy.files, copy.modes, copy.left_out, copy.left_out_paths)
 
     def overlay(self, changes: Mapping[str, bytes | None],
                 modes: Mapping[str, int] | None = None) -> FileTree:
@@ -102,7 +103,7 @@ async def read_sandbox_tree(sb: Sandbox, limits: Limits | None = None, *,
     sandbox of ``spec`` (default: the sandbox's own; ``CopyLimits.fitting``). Never raises
     for the workspace's shape: what is left out is listed."""
     copy = await sb.read_tree(".", (limits or Limits()).fitting(spec or sb.spec))
-    return FileTree(copy.files, copy.modes, copy.left_out)
+    return FileTree(copy.files, copy.modes, copy.left_out, copy.left_out_paths)
 
 
 def check_path(path: str) -> str:

@@ -73,9 +73,24 @@ def model_json(model: BaseModel) -> bytes:
     """``model`` as JSON that validates back exactly, inf and nan included."""
     # pydantic writes inf and nan as null, which would not validate back; -inf log-probs are
     # real data. The fast path is taken when every float is finite.
-    if _finite(model):
-        return model.model_dump_json().encode()
-    return pydantic_core.to_json(model.model_dump(), inf_nan_mode="constants")
+    try:
+        if _finite(model):
+            return model.model_dump_json().encode()
+        return pydantic_core.to_json(model.model_dump(), inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:  # a lone surrogate: bytes of a name
+        return pydantic_core.to_json(_text(model.model_dump()),  # that was not UTF-8
+                                     inf_nan_mode="constants")
+
+
+def _text(value: Any) -> Any:
+    """``value`` with every string made UTF-8: a lone surrogate written as ``\\udcNN``."""
+    if isinstance(value, str):
+        return value.encode(errors="backslashreplace").decode()
+    if isinstance(value, dict):
+        return {_text(k): _text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_text(v) for v in value]
+    return value
 
 
 def _line(kind: str, **fields: Any) -> bytes:
