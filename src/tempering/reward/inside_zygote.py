@@ -4,22 +4,24 @@ A grading in a sandbox of its own pays for a fresh interpreter (and the ``typing
 solutions make) every time. The zygote pays once: it runs as PID 1 of a bubblewrap sandbox
 (with CAP_SYS_ADMIN in that sandbox's user namespace, like the init), imports the launcher and
 the common standard modules, and then serves GRADE requests from the host. For each one it
-forks a child that
+unshares a new pid namespace for its next child (taking its own back right after) and forks
+the **grading process**, PID 1 of that namespace, which
 
-1. unshares new mount, pid, net, ipc and uts namespaces and mounts one fresh size-limited tmpfs,
+1. unshares new mount, net, ipc and uts namespaces and mounts one fresh size-limited tmpfs,
    bound at the workdir, /tmp and /dev/shm (nothing of an earlier grading is there, and nothing
-   else is writable: the rest of the system and /dev are read-only);
-2. forks the grading process, PID 1 of the new pid namespace, which mounts its own /proc,
-   and, before it reads a byte of the configuration, becomes the unprivileged user in a
+   else is writable: the rest of the system and /dev are read-only), and its own /proc;
+2. tells the host its pid (SCM_CREDENTIALS: the kernel translates it), waits while the host
+   puts it in a cgroup of its own and writes the files, seals what the host names read-only
+   (it still holds the zygote's capabilities over its own mount namespace),
+3. and, before it reads a byte of the configuration, becomes the unprivileged user in a
    nested user namespace with no capability, sets no_new_privs and installs the init's
-   seccomp filter (read from ``init --seccomp-filter``),
-3. tells the host its pid (SCM_CREDENTIALS: the kernel translates it), waits while the host
-   puts it in a cgroup of its own and writes the files, then runs the plain runner on the
+   seccomp filter (read from ``init --seccomp-filter``), then runs the plain runner on the
    configuration the host sends, reporting on the same socket. With process isolation it
    first forks the **solver**, the tested code's process (``inside_boundary.py``), into the
    same cgroup, in a mount namespace of its own where the tests directory is empty.
 
-Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
+The zygote reaps each grading and tells the host its exit status on a socket of its own, which
+no grading holds. Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
 a grading (fork). A grading has no ptys: the zygote's /dev has no devpts (bubblewrap makes none
 here), since a devpts shared by the gradings, which share the zygote's uid, would let one open
 another's terminal, and one of its own would cost 1.5 ms of CPU a grading; a task whose tests
@@ -31,6 +33,7 @@ need a terminal runs under the pytest runner, in a sandbox of its own. Runs with
 # F401 ones), once, so that no grading pays for them.
 import ast  # noqa: F401 - the launcher compiles the hidden tests with it
 import collections  # noqa: F401
+import contextlib
 import ctypes
 import functools  # noqa: F401
 import gc
@@ -42,6 +45,7 @@ import math  # noqa: F401
 import os
 import re  # noqa: F401
 import resource
+import select
 import signal
 import socket
 import string  # noqa: F401
@@ -93,16 +97,16 @@ def fresh_storage(disk_bytes, workdir):
     check(LIBC.umount2(DISK.encode(), MNT_DETACH), f"detach {DISK}")
 
 
-def seal(status, workdir):
+def seal(channel, workdir):
     """Once the host has written the files, make the paths it names (the hidden tests'
-    directory, the task's protected files) read-only for the
-    grading: each a bind of itself, remounted read-only (the grading, in a user namespace of
-    its own without capabilities, cannot undo it; a file so bound cannot be removed or
-    replaced); and pin the directories above them (``+PATH``: a bind of itself, left
-    writable, since a mount point cannot be renamed away). Nothing the tested code starts can
-    change what the tests read. Answers ``sealed`` (or the error) on the status socket; to
-    anything else (``none``: nothing to seal) it answers nothing."""
-    message = status.recv(1 << 16)
+    directory, the task's protected files) read-only for the grading: each a bind of itself,
+    remounted read-only (done here while this process still holds the zygote's capabilities in
+    its own mount namespace; the grading, in a user namespace of its own without capabilities,
+    cannot undo it; a file so bound cannot be removed or replaced); and pin the directories
+    above them (``+PATH``: a bind of itself, left writable, since a mount point cannot be
+    renamed away). Nothing the tested code starts can change what the tests read. Answers
+    ``sealed`` (or the error) to ``seal PATHS``; to ``none`` (nothing to seal), nothing."""
+    message = channel.recv(1 << 16)
     if not message.startswith(b"seal "):
         return
     try:
@@ -116,9 +120,9 @@ def seal(status, workdir):
                 if not pinned:
                     mount(None, path, None,
                           MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        status.send(b"sealed")
+        channel.send(b"sealed")
     except OSError as exc:
-        status.send(f"failed: {exc}".encode())
+        channel.send(f"failed: {exc}".encode())
 
 
 # Every grading of one zygote runs as the zygote's host uid, and so shares that uid's per-user
@@ -196,13 +200,15 @@ def become_user(uid, gid, seccomp):
 def grading(channel, request, seccomp):
     """The grading process (PID 1 of its pid namespace); never returns."""
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        fresh_storage(request["disk"], request["workdir"])
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         limit_ipc()
         creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
         channel.sendmsg([b"ready"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
-        # The host moves this process into its cgroup, writes the files and seals, then sends
-        # the configuration's length: what is forked from here on is in the cgroup too.
+        # The host moves this process into its cgroup, writes the files and has them sealed,
+        # then sends the configuration's length: what is forked from here on is in the cgroup.
+        seal(channel, request["workdir"])
         size = struct.unpack("=I", channel.recv(4))[0]
         uid, gid = request["uid"], request["gid"]
         hidden, hide = request.get("solver"), request.get("hide")
@@ -238,35 +244,63 @@ def solver_user(hidden, uid, gid, seccomp):
 
 
 def serve(control, seccomp):
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    """Fork a grading for each request, PID 1 of a pid namespace of its own (the zygote's
+    next child is, once it unshares one; it takes its own back after the fork), and tell each
+    grading's exit status on the status socket that came with its request once it is reaped:
+    the zygote is its parent, so the tested code cannot speak for it."""
+    own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up byte is what counts
+    statuses = {}  # a grading's pid: the status socket its exit code goes to
     while True:
+        ready, _, _ = select.select([control, wake_r], [], [])
+        if wake_r in ready:
+            reap(wake_r, statuses)
+        if control not in ready:
+            continue
         message, fds, _, _ = socket.recv_fds(control, 4096, 2)
         if not message:
             return
         request = marshal.loads(message)
         channel = socket.socket(fileno=fds[0])
-        status = socket.socket(fileno=fds[1])  # the grading's exit status, told by its parent
-        if os.fork() == 0:
-            control.close()
+        status = socket.socket(fileno=fds[1])
+        check(LIBC.unshare(CLONE_NEWPID), "unshare a pid namespace")
+        pid = os.fork()
+        if pid == 0:
             try:
-                check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
-                                   | CLONE_NEWUTS), "unshare")
-                fresh_storage(request["disk"], request["workdir"])
-                pid = os.fork()
-                if pid == 0:
-                    status.close()  # the tested code must not speak for its parent
-                    grading(channel, request, seccomp)
-                channel.close()
+                signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                seal(status, request["workdir"])
-                _, code = os.waitpid(pid, 0)
-                status.send(struct.pack("i", os.waitstatus_to_exitcode(code)))
-                os._exit(0)
+                for sock in (control, status, *statuses.values()):
+                    sock.close()  # the tested code must not speak for its parent
+                for fd in (own, wake_r, wake_w):
+                    os.close(fd)
             except BaseException as exc:
                 os.write(2, f"tempering-zygote: {exc!r}\n".encode())
                 os._exit(1)
+            grading(channel, request, seccomp)  # never returns
+        check(LIBC.setns(own, CLONE_NEWPID), "return to the zygote's pid namespace")
         channel.close()
-        status.close()
+        statuses[pid] = status
+
+
+def reap(wake_r, statuses):
+    """Tell the exit status of every grading that ended."""
+    with contextlib.suppress(BlockingIOError):
+        while os.read(wake_r, 4096):
+            pass
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        status = statuses.pop(pid, None)
+        if status is not None:
+            with contextlib.suppress(OSError):
+                status.send(struct.pack("i", os.waitstatus_to_exitcode(code)))
+            status.close()
 
 
 def main():

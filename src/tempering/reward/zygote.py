@@ -92,11 +92,14 @@ class Forked:
                  group: cgroup.SandboxCgroup, storage: Storage) -> None:
         self.channel, self.status, self.pid = channel, status, pid
         self.group, self.storage = group, storage
+        self.sealed = False  # told the grading what to seal (or that nothing is)
 
     async def run(self, config: dict[str, object], timeout: float, limit: int) -> Report:
         """Send the configuration and collect the report, at most ``limit`` bytes of it: the
         tested code holds the channel too, and whatever it sends lands in this process. Past
         the limit the grading is killed and the report ends there, truncated."""
+        if not self.sealed:
+            await self.seal([])
         loop = asyncio.get_running_loop()
         ooms = self.group.oom_kills()
         await _send_config(loop, self.channel, marshal.dumps(config))
@@ -129,18 +132,19 @@ class Forked:
         tell the zygote there is nothing to seal. ``pin``: directories bound onto themselves,
         writable, so that no rename of a parent moves a sealed file away."""
         loop = asyncio.get_running_loop()
+        self.sealed = True
         if not paths:
-            await loop.sock_sendall(self.status, b"none")
+            await loop.sock_sendall(self.channel, b"none")
             return
         message = b"seal " + b"\0".join([p.encode() for p in paths]
                                         + [b"+" + p.encode() for p in pin or ()])
         if len(message) > SEAL_LIMIT:
             raise SandboxStartError(f"{len(paths)} paths to seal take {len(message)} bytes, "
                                     f"over {SEAL_LIMIT}: protect their directories instead")
-        await loop.sock_sendall(self.status, message)
+        await loop.sock_sendall(self.channel, message)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                answer = await loop.sock_recv(self.status, 4096)
+                answer = await loop.sock_recv(self.channel, 4096)
         except TimeoutError:
             answer = b"no answer"
         if answer != b"sealed":
