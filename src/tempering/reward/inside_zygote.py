@@ -21,12 +21,12 @@ the **grading process**, PID 1 of that namespace, which
    same cgroup, in a mount namespace of its own where the tests directory is empty.
 
 The zygote reaps each grading and tells the host its exit status on a socket of its own, which
-no grading holds. Nothing the agent wrote is read before step 3, and the zygote's own memory is never touched by
-a grading (fork). A grading has no ptys: the zygote's /dev has no devpts (bubblewrap makes none
-here), since a devpts shared by the gradings, which share the zygote's uid, would let one open
-another's terminal, and one of its own would cost 1.5 ms of CPU a grading; a task whose tests
-need a terminal runs under the pytest runner, in a sandbox of its own. Runs with the sandbox's
-``python3 -I -B``; stdlib only.
+no grading holds. Nothing the agent wrote is read before step 3, and the zygote's own memory is
+never touched by a grading (fork). A grading has no ptys: the zygote's /dev has no devpts
+(bubblewrap makes none here), since a devpts shared by the gradings, which share the zygote's
+uid, would let one open another's terminal, and one of its own would cost 1.5 ms of CPU a
+grading; a task whose tests need a terminal runs under the pytest runner, in a sandbox of its
+own. Runs with the sandbox's ``python3 -I -B``; stdlib only.
 """
 
 # Besides what it uses, the zygote imports what solutions and tests commonly import (the
