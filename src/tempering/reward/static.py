@@ -316,12 +316,22 @@ def _lines(path: str, data: bytes) -> list[str] | list[bytes]:
 
 async def lint(config: LintConfig, screened: Screened) -> tuple[float, list[str]]:
     """ruff on the changed Python files: (component, findings); raises OSError without ruff."""
-    sources = {p: d for p, d in screened.applied.items() if d is not None and p.endswith(".py")}
+    sources = {p: _as_read(d) for p, d in screened.applied.items()
+               if d is not None and p.endswith(".py")}
     if not screened.changed:
         return 0.0, []
     if not sources:
         return 1.0, []
     return await asyncio.to_thread(_ruff, config, sources)
+
+
+def _as_read(data: bytes) -> bytes:
+    """A Python file as ruff must see it: the text the interpreter reads (``decode_source``),
+    in UTF-8, which is all ruff reads. Given the bytes, ruff linted a utf-7 file's code as
+    the comment it is in UTF-8, and a latin-1 file as one undecodable finding (round 37). A
+    file the interpreter refuses goes as it is (ruff reports it)."""
+    text = decode_source(data)
+    return data if text is None else text.encode("utf-8", errors="backslashreplace")
 
 
 def _ruff(config: LintConfig, sources: dict[str, bytes]) -> tuple[float, list[str]]:

@@ -96,7 +96,7 @@ def screen(task: Task, final: FileTree) -> Screened:
             out.flags.add("pytest_config")
             out.details.append(f"pytest_config: {path}: pytest configuration (applied; the "
                                "hidden tests run under the grader's own)")
-    _drop_conflicts(pristine, out)
+    _drop_conflicts(pristine, out, grading.tests_dir)
     return out
 
 
@@ -105,15 +105,18 @@ def _directories(paths: Iterable[str]) -> set[str]:
     return {path[:i] for path in paths for i, c in enumerate(path) if c == "/"}
 
 
-def _drop_conflicts(pristine: FileTree, out: Screened) -> None:
+def _drop_conflicts(pristine: FileTree, out: Screened, tests_dir: str) -> None:
     """Drop each added file whose path is also a directory of the graded tree, or lies below a
     file of it: no workspace on disk holds both, but one screened from an odd workspace can
     (a pristine file kept where the agent left a directory; a tree given as files), and
-    writing it into the grading sandbox would fail the grading, not the agent. A note: what
-    is dropped is the agent's own."""
+    writing it into the grading sandbox would fail the grading, not the agent. The tests
+    directory and each directory above it are the graded tree's whatever the workspace
+    holds: the grader writes the hidden tests there (a file named like the parent of a
+    nested tests directory failed every grading: round 37). A note: what is dropped is the
+    agent's own."""
     graded = {p for p in pristine if p not in out.applied} | {
         p for p, data in out.applied.items() if data is not None}
-    directories = _directories(graded)
+    directories = _directories(graded) | _directories([f"{tests_dir.strip('/')}/"])
     clashing = sorted(p for p, data in out.applied.items() if data is not None and (
         p in directories or any(p[:i] in graded for i, c in enumerate(p) if c == "/")))
     for path in clashing:  # (dropping files makes no new clash)
