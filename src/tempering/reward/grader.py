@@ -41,7 +41,7 @@ from tempering.reward.runner import (
     pytest_args,
     write_launcher,
 )
-from tempering.reward.static import analyse, lint
+from tempering.reward.static import analyse, lint, parse_big
 from tempering.reward.tamper import parents, screen, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
@@ -175,12 +175,13 @@ class Grader:
         """Grade a workspace given as files (``tempering grade --workspace DIR``)."""
         start = time.perf_counter() if start is None else start
         screened = screen(task, final)
-        found = analyse(task, screened)
+        found = await asyncio.to_thread(analyse, task, screened, await parse_big(screened))
         flags, details = set(screened.flags) | found.flags, screened.details + found.details
         components = dict(found.components)
         if task.config.reward.get("lint", 0) > 0:
             try:
-                components["lint"], findings = await lint(task.config.lint, screened)
+                components["lint"], findings = await lint(task.config.lint, screened,
+                                                          found.unreadable)
                 details += findings
             except OSError as exc:
                 components["lint"] = 0.0

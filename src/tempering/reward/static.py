@@ -27,40 +27,27 @@ import subprocess
 import sys
 import tempfile
 import tokenize
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tempering.reward import names as _names
+from tempering.reward.names import DYNAMIC, DYNAMIC_CALL, INTROSPECTION_CALLS, Names
 from tempering.reward.tamper import Screened
 from tempering.tasks.files import matches
 from tempering.tasks.task import LintConfig, RulesConfig, Task
 
-INTROSPECTION_CALLS = frozenset({
-    "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
-    "inspect.currentframe", "inspect.stack", "inspect.getouterframes", "inspect.getframeinfo",
-    "inspect.getinnerframes", "inspect.trace", "traceback.extract_stack",
-    "traceback.walk_stack", "traceback.format_stack", "traceback.print_stack",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-})
-FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "tb_frame", "gi_frame",
-                              "cr_frame"})
-# Imports made by a call, and code run from a string: what they import is read from their
-# literal argument; anything else imports what no reading can name (``DYNAMIC``), which a
-# task's ``forbidden_imports`` rule counts as forbidden (red team, round thirty-six).
-IMPORTING_CALLS = frozenset({"__import__", "builtins.__import__", "importlib.import_module",
-                             "importlib.__import__"})
-EXECUTING_CALLS = frozenset({"exec", "eval", "compile", "builtins.exec", "builtins.eval",
-                             "builtins.compile"})
-# Names through which an import can be made without an import statement: any use of them
-# but a call read above (``f = __import__``, ``getattr(builtins, name)``) is dynamic.
-HANDLE_ATTRIBUTES = frozenset({"__import__", "import_module", "__builtins__", "__loader__",
-                               "__spec__", "spec_from_file_location", "spec_from_loader",
-                               "exec_module", "load_module", "run_path", "run_module"})
-HANDLE_NAMES = HANDLE_ATTRIBUTES | {"exec", "eval", "compile", "builtins", "importlib"}
-DYNAMIC = "<dynamic import>"
-MAX_NESTED_CODE = 4  # code strings within code strings read; deeper is DYNAMIC
 MAX_PARSE_BYTES = 16 << 20  # a file is screened whole, as far as the copy takes one
 PARSE_BUDGET = 64 << 20  # all changed Python files together; past it, they are not screened
+IN_PROCESS_PARSE_BYTES = 256 << 10  # a bigger file is parsed in a process of its own:
+ISOLATED_PARSE_MEMORY = 1 << 30  # under this address-space limit,
+ISOLATED_PARSE_CPU_S = 10  # this CPU time, and two at a time per event loop (``_isolated``)
+ISOLATED_PARSES = 2
+LINE_CHARS = 100  # a changed line counts once per this many characters (``changed_lines``)
+MAX_DIFF_LINES = 20_000  # a side longer than this is counted whole, not diffed
 LINT_TIMEOUT_S = 120  # past it, ruff is stopped and the lint component is 0
+_isolated: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary())
 
 
 @dataclass
@@ -68,18 +55,25 @@ class Findings:
     flags: set[str] = field(default_factory=set)
     details: list[str] = field(default_factory=list)
     components: dict[str, float] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+    """``path:line: what`` where the code reaches names by reflection or runs text it does not
+    hold: lint cannot vouch for what runs there (``lint`` scores 0)."""
 
 
-def python_sources(screened: Screened) -> dict[str, str]:
-    """Changed Python files that will be graded, as the interpreter will read them."""
-    sources, budget = {}, PARSE_BUDGET
+def python_sources(screened: Screened) -> tuple[dict[str, str], list[str]]:
+    """Changed Python files that will be graded, as the interpreter will read them; and those
+    past the budget (not screened: the rules and lint count them as unreadable)."""
+    sources, over, budget = {}, [], PARSE_BUDGET
     for path, data in sorted(screened.applied.items(), key=lambda item: len(item[1] or b"")):
-        if data is not None and path.endswith(".py") and budget > 0:
+        if data is not None and path.endswith(".py"):
+            if budget <= 0:
+                over.append(path)
+                continue
             budget -= len(data)
             text = decode_source(data, MAX_PARSE_BYTES)
             if text is not None:
                 sources[path] = text
-    return sources
+    return sources, over
 
 
 def decode_source(data: bytes, limit: int | None = None) -> str | None:
@@ -95,156 +89,87 @@ def decode_source(data: bytes, limit: int | None = None) -> str | None:
         return None
 
 
-class _Names:
-    """Dotted names of the calls and imports in a module, through import aliases. Walked
-    iteratively (``ast.walk``), never by recursion: a file of deeply nested expressions is
-    screened like any other, not a crash of the grader."""
-
-    def __init__(self, tree: ast.Module, depth: int = 0) -> None:
-        self.depth = depth
-        self.aliases: dict[str, str] = {}
-        self.imports: set[str] = set()
-        self.calls: list[tuple[str, int]] = []
-        self.attributes: list[tuple[str, int]] = []
-        self.always_equal: list[tuple[str, int]] = []
-        nodes = list(ast.walk(tree))
-        for node in nodes:  # every import first: a call may come before the import it uses
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    self.imports.add(alias.name)
-                    self.aliases[alias.asname or alias.name.split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0])
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                self.imports.add(node.module)
-                for alias in node.names:
-                    self.imports.add(f"{node.module}.{alias.name}")
-                    self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        for node in nodes:
-            if isinstance(node, ast.Call):
-                self._call(node)
-            elif isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRIBUTES:
-                self.attributes.append((node.attr, node.lineno))
-            elif isinstance(node, ast.ClassDef):
-                self._class(node)
-        read = {id(n) for call in nodes if isinstance(call, ast.Call)
-                and self.dotted(call.func) in IMPORTING_CALLS | EXECUTING_CALLS
-                for n in _chain(call.func)}
-        if any(id(node) not in read and (
-                isinstance(node, ast.Name) and node.id in HANDLE_NAMES
-                or isinstance(node, ast.Attribute) and node.attr in HANDLE_ATTRIBUTES)
-               for node in nodes):  # ``f = __import__``, ``getattr(builtins, name)``: unread
-            self.imports.add(DYNAMIC)
-
-    def dotted(self, node: ast.expr) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name):
-            base: str | None = self.aliases.get(node.id, node.id)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id == "__import__" and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            base = node.args[0].value
-        else:
-            return None
-        return ".".join([base, *reversed(parts)]) if base else None
-
-    def _call(self, node: ast.Call) -> None:
-        name = self.dotted(node.func)
-        if name is not None:
-            self.calls.append((name, node.lineno))
-        if name in IMPORTING_CALLS or name in EXECUTING_CALLS:
-            self._dynamic(name, node)
-        if (isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)):
-            base = self.dotted(node.args[0])
-            if base is not None:
-                self.calls.append((f"{base}.{node.args[1].value!s}", node.lineno))
-
-    def _dynamic(self, name: str, node: ast.Call) -> None:
-        """What an import by call (``__import__("x")``) or code run from a string imports:
-        the module named, the imports of the code (parsed, never run), or ``DYNAMIC`` where
-        the argument is not a literal and no reading can say what it loads."""
-        first = node.args[0] if node.args else None
-        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-            self.imports.add(DYNAMIC)
-        elif name in IMPORTING_CALLS:
-            self.imports.add(first.value)
-        elif self.depth < MAX_NESTED_CODE:
-            try:
-                inner = _Names(ast.parse(first.value), self.depth + 1)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                return  # no code: running it raises
-            self.imports |= inner.imports
-            self.calls += inner.calls
-        else:
-            self.imports.add(DYNAMIC)
-
-    def _class(self, node: ast.ClassDef) -> None:
-        for item in node.body:
-            if isinstance(item, ast.FunctionDef) and item.name in ("__eq__", "__ne__"):
-                body = [s for s in item.body if not _is_docstring(s)]
-                if len(body) == 1 and _returns_constant(body[0], item.name == "__eq__"):
-                    self.always_equal.append((f"{node.name}.{item.name}", item.lineno))
-            elif isinstance(item, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id in ("__eq__", "__ne__") for t in item.targets):
-                value = item.value
-                want = any(isinstance(t, ast.Name) and t.id == "__eq__" for t in item.targets)
-                if isinstance(value, ast.Lambda) and _constant(value.body) is want:
-                    self.always_equal.append((f"{node.name}.__eq__/__ne__", item.lineno))
-
-
-def _chain(node: ast.expr) -> list[ast.expr]:
-    """The nodes of a dotted name, ``a.b.c`` down to ``a``."""
-    chain = [node]
-    while isinstance(node, ast.Attribute):
-        node = node.value
-        chain.append(node)
-    return chain
-
-
 def _is_test_file(path: str) -> bool:
     """The agent's own tests may use pytest; the code under test may not."""
     name = path.rsplit("/", 1)[-1]
     return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
 
 
-def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-
-
-def _constant(node: ast.expr) -> object:
-    negate = False
-    while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        negate, node = not negate, node.operand
-    if isinstance(node, ast.Constant):
-        return bool(node.value) != negate
-    return None
-
-
-def _returns_constant(stmt: ast.stmt, value: bool) -> bool:
-    return (isinstance(stmt, ast.Return) and stmt.value is not None
-            and _constant(stmt.value) is value)
-
-
-def _parse(sources: dict[str, str]) -> dict[str, _Names]:
+def _parse(sources: dict[str, str], big: dict[str, Names | None]) -> dict[str, Names]:
+    """Each source's ``Names`` (those of ``big`` as ``parse_big`` gave them)."""
     parsed = {}
     for path, text in sources.items():
+        if path in big:
+            names = big[path]
+            if names is not None:
+                parsed[path] = names
+            continue
         try:
-            parsed[path] = _Names(ast.parse(text, filename=path))
+            parsed[path] = Names(ast.parse(text, filename=path))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue  # the interpreter refuses it too: the tests fail it
     return parsed
 
 
-def analyse(task: Task, screened: Screened) -> Findings:
-    """Tamper patterns and the task's rules over the applied edits."""
+async def parse_big(screened: Screened) -> dict[str, Names | None]:
+    """``Names`` of each changed Python file over ``IN_PROCESS_PARSE_BYTES``, parsed by
+    ``names.py`` in a process of its own under memory and CPU limits, a few at a time (a
+    syntax tree can be ~500x its source: parsed in the grader, one file of a few MB took GBs
+    of its memory and stalled every grading: round 38); None where Python would not parse
+    it, ``unscreened`` past a limit."""
+    sources, _ = python_sources(screened)
+    big = {path: text for path, text in sources.items() if len(text) > IN_PROCESS_PARSE_BYTES}
+    if not big:
+        return {}
+    loop = asyncio.get_running_loop()
+    gate = _isolated.setdefault(loop, asyncio.Semaphore(ISOLATED_PARSES))
+    names = await asyncio.gather(*(_parse_isolated(text, gate) for text in big.values()))
+    return dict(zip(big, names, strict=True))
+
+
+async def _parse_isolated(text: str, gate: asyncio.Semaphore) -> Names | None:
+    async with gate:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", _names.__file__, str(ISOLATED_PARSE_MEMORY),
+            str(ISOLATED_PARSE_CPU_S), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        try:
+            out, _ = await asyncio.wait_for(
+                proc.communicate(text.encode("utf-8", "surrogatepass")),
+                2 * ISOLATED_PARSE_CPU_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return _names.unscreened(f"parsing took over {2 * ISOLATED_PARSE_CPU_S} s")
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+    if proc.returncode == 3:
+        return None
+    if proc.returncode != 0:
+        return _names.unscreened(f"parsing went over {ISOLATED_PARSE_MEMORY >> 20} MiB or "
+                                 f"{ISOLATED_PARSE_CPU_S} s of CPU")
+    return _names.from_json(out.decode())
+
+
+def analyse(task: Task, screened: Screened, big: dict[str, Names | None] | None = None
+            ) -> Findings:
+    """Tamper patterns and the task's rules over the applied edits; ``big`` holds what
+    ``parse_big`` made of the big files (parsed here without it: for small trees only)."""
     found = Findings()
-    parsed = _parse(python_sources(screened))
-    for path, names in parsed.items():
+    sources, over = python_sources(screened)
+    parsed = _parse(sources, {} if big is None else big)
+    for path in over:
+        parsed[path] = _names.unscreened("past the screen's budget of "
+                                         f"{PARSE_BUDGET >> 20} MiB of changed Python")
+    for path, names in sorted(parsed.items()):
         if _is_test_file(path):  # the agent's own tests, which grading never runs: a matcher
             continue  # or pytest there is honest (imported by the solution, the run sees it)
+        found.unreadable += [f"{path}:{line}: {what}" for what, line in names.unreadable]
+        found.details += [f"static: {path}: {what}" for what, _ in names.unreadable
+                          if what.startswith("not screened")]
         for what, line in names.always_equal:
             found.flags.add("always_equal")
             found.details.append(f"always_equal: {path}:{line}: {what}")
@@ -265,7 +190,7 @@ def analyse(task: Task, screened: Screened) -> Findings:
     return found
 
 
-def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, _Names], task: Task,
+def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, Names], task: Task,
            found: Findings) -> float:
     results: list[tuple[str, bool, str]] = []
     if rules.forbidden_imports:
@@ -275,7 +200,8 @@ def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, _Names], ta
         results.append(("forbidden_imports", not bad, "; ".join(bad)))
     if rules.forbidden_calls:
         bad = sorted({f"{path}:{line}: {name}" for path, names in parsed.items()
-                      for name, line in names.calls if name in rules.forbidden_calls})
+                      for name, line in names.calls
+                      if name in rules.forbidden_calls or name == DYNAMIC_CALL})
         results.append(("forbidden_calls", not bad, "; ".join(bad)))
     if rules.forbidden_paths:
         bad = [p for p in screened.changed if matches(p, rules.forbidden_paths)]
@@ -286,8 +212,11 @@ def _rules(rules: RulesConfig, screened: Screened, parsed: dict[str, _Names], ta
                         f"{n} files changed, at most {rules.max_changed_files}"))
     if rules.max_changed_lines is not None:
         n = changed_lines(task, screened)
-        results.append(("max_changed_lines", n <= rules.max_changed_lines,
-                        f"{n} lines changed, at most {rules.max_changed_lines}"))
+        hidden = found.unreadable[:1]  # a change whose code is not in its files has no size
+        results.append(("max_changed_lines", n <= rules.max_changed_lines and not hidden,
+                        f"{n} lines changed, at most {rules.max_changed_lines}" + "".join(
+                            f"; {where}: runs code no reading of the files shows"
+                            for where in hidden)))
     for name, ok, detail in results:
         if not ok:
             found.flags.add("rule_failed")
@@ -303,10 +232,19 @@ def changed_lines(task: Task, screened: Screened) -> int:
     for path in screened.changed:
         old = _lines(path, task.workspace.files.get(path, b""))
         new = _lines(path, screened.applied.get(path) or b"")
+        if max(len(old), len(new)) > MAX_DIFF_LINES:  # a diff would be quadratic: all of it
+            total += _weight(old) + _weight(new)
+            continue
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-        total += sum(i2 - i1 + j2 - j1 for tag, i1, i2, j1, j2 in matcher.get_opcodes()
-                     if tag != "equal")
+        total += sum(_weight(old[i1:i2]) + _weight(new[j1:j2])
+                     for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
     return total
+
+
+def _weight(lines: list[str] | list[bytes]) -> int:
+    """Changed lines as counted: each once per ``LINE_CHARS`` characters, so that a file of
+    one long line (a blob of code to ``exec``: round 38) is not one line."""
+    return sum(max(1, -(-len(line) // LINE_CHARS)) for line in lines)
 
 
 def _lines(path: str, data: bytes) -> list[str] | list[bytes]:
@@ -314,12 +252,18 @@ def _lines(path: str, data: bytes) -> list[str] | list[bytes]:
     return text.splitlines() if text is not None else data.splitlines()
 
 
-async def lint(config: LintConfig, screened: Screened) -> tuple[float, list[str]]:
-    """ruff on the changed Python files: (component, findings); raises OSError without ruff."""
+async def lint(config: LintConfig, screened: Screened, unreadable: list[str] | None = None
+               ) -> tuple[float, list[str]]:
+    """ruff on the changed Python files: (component, findings); raises OSError without ruff.
+    0 where the code runs what no file shows (``Findings.unreadable``): ruff reads files, and
+    code kept in a data file and run by ``exec`` was never linted (round 38)."""
     sources = {p: _as_read(d) for p, d in screened.applied.items()
                if d is not None and p.endswith(".py")}
     if not screened.changed:
         return 0.0, []
+    if unreadable:
+        return 0.0, [f"lint: {where}: code no reading of the file shows (lint is 0)"
+                     for where in unreadable]
     if not sources:
         return 1.0, []
     return await asyncio.to_thread(_ruff, config, sources)
