@@ -103,6 +103,11 @@ class StorageError(TemperingError):
     """Trajectory storage failed."""
 
 
+class TrainingCollapsed(TemperingError):
+    """A training run collapsed and its config says to stop (``on_collapse: stop``), or it
+    collapsed again after its last allowed rollback; the message is the diagnosis."""
+
+
 class PolicyError(TemperingError):
     """An inference engine failed."""
 

@@ -124,7 +124,7 @@ async def test_filters_drop_infra_and_flat_groups_and_give_admission_back() -> N
     mixed = [*group("mixed"), traj("mixed", 9, None, status=Status.ENV_TIMEOUT)]
     assert buf.put(mixed, version_started=0) == "buffered"
     stats = buf.stats()
-    assert stats.dropped == {"filtered": 2, "stale": 0, "cancelled": 0}
+    assert stats.dropped == {"filtered": 2, "stale": 0, "cancelled": 0, "rolled_back": 0}
     assert stats.filtered_samples == {"env_timeout": 1, "infra_error": 3, "zero_variance": 3}
     assert (stats.buffered_groups, stats.buffered_samples) == (1, 2)
     batch = await buf.get()

@@ -323,3 +323,9 @@ def test_epochs_pass_over_the_batch_again_against_one_prox(tiny_model_dir: Path)
     assert stats.micro_batches == 3 * one.micro_batches
     # the 2nd and 3rd passes see weights that moved: the ratio to π_prox leaves 1
     assert stats.approx_kl > 0 and abs(stats.ratio_mean - 1) > 1e-6
+    # token means over every pass, not summed over the passes (they were 3x before)
+    assert 0 <= stats.clip_frac <= 1 and abs(stats.ratio_mean - 1) < 0.5, stats
+    assert stats.is_weight_mean == pytest.approx(1.0, abs=1e-4)  # fresh samples: weight 1
+    assert stats.by_staleness and all(row["behav_kl"] < 1e-4
+                                      for row in stats.by_staleness.values())
+    assert stats.entropy > 0

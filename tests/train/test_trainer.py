@@ -77,7 +77,7 @@ async def test_a_run_writes_its_directory_and_keeps_the_bound(tmp_path, env, mod
     assert len([x for x in lines if x.startswith("step")]) == 4
     assert (run / "config.yaml").is_file() and (run / "tensorboard").is_dir()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        "step-000003", "step-000004"]  # keep_checkpoints=2
+        "good", "step-000003", "step-000004"]  # keep_checkpoints=2, and the last good weights
     # every token records the version that sampled it; none newer than the learner's last
     _, rows = query(run, "SELECT min(weights_version), max(weights_version), count(*) "
                          "FROM steps WHERE weights_version IS NOT NULL")

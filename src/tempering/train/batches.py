@@ -60,7 +60,8 @@ class BufferStats(BaseModel):
     consumed_samples: int
     dropped: dict[str, int]
     """Groups by reason: ``filtered`` (the filters kept nothing), ``stale`` (older than
-    ``max_staleness`` at put or before consumption), ``cancelled`` (admission given back)."""
+    ``max_staleness`` at put or before consumption), ``cancelled`` (admission given back),
+    ``rolled_back`` (sampled by weights a collapse rolled back: ``discard_before``)."""
     filtered_samples: dict[str, int]
     """Trajectories the filters dropped, by the filter's reason (also from groups that kept
     some members)."""

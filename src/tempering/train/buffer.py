@@ -52,8 +52,8 @@ from tempering.train.batches import Batch, BufferStats
 from tempering.trajectory.filters import Filter, FilterOptions, Pipeline, build_pipeline
 from tempering.trajectory.schema import Trajectory
 
-PutOutcome = Literal["buffered", "filtered", "stale"]
-DROP_REASONS = ("filtered", "stale", "cancelled")
+PutOutcome = Literal["buffered", "filtered", "stale", "rolled_back"]
+DROP_REASONS = ("filtered", "stale", "cancelled", "rolled_back")
 STATE_FORMAT: Literal[1] = 1
 
 
@@ -103,6 +103,7 @@ class _State(BaseModel):
     filtered_samples: dict[str, int]
     histogram: dict[int, int]
     buffered: list[_Entry]
+    floor: int = 0
 
 
 class ReplayBuffer:
@@ -133,6 +134,7 @@ class ReplayBuffer:
         f = group_pipeline() if filters is None else filters
         self.filters: Pipeline = f if isinstance(f, Pipeline) else Pipeline([f])
         self._version = 0
+        self._floor = 0  # no sample older than this is taken (``discard_before``)
         self._heap: list[tuple[int, int, _Entry]] = []  # (group version, seq, entry)
         self._next_seq = 0
         self._in_flight = 0
@@ -232,6 +234,23 @@ class ReplayBuffer:
         self._grant()
         self._wake_getters()
 
+    def discard_before(self, version: int) -> int:
+        """Drop every buffered group with a sample older than ``version`` and refuse any such
+        group from now on (``rolled_back``): what the weights of a rolled-back run sampled
+        must not be trained on. Returns how many buffered groups were dropped."""
+        if version > self._version:
+            raise ValueError(f"discard_before({version}) above the buffer's version "
+                             f"{self._version}: call set_version first")
+        self._floor = max(self._floor, version)
+        kept = [item for item in self._heap if item[0] >= self._floor]
+        dropped = len(self._heap) - len(kept)
+        if dropped:
+            self._heap = kept
+            heapq.heapify(self._heap)
+            self._dropped["rolled_back"] += dropped
+            self._grant()
+        return dropped
+
     def _grant(self) -> None:
         while self._admit_waiters:
             n, fut = self._admit_waiters[0]
@@ -271,7 +290,9 @@ class ReplayBuffer:
             entry = _Entry(seq=self._next_seq, version_started=version_started,
                            versions=[sample_version(t, version_started) for t in kept],
                            group=kept)
-            if self._version - entry.version > self.max_staleness:
+            if entry.version < self._floor:
+                outcome = "rolled_back"
+            elif self._version - entry.version > self.max_staleness:
                 outcome = "stale"
             else:
                 heapq.heappush(self._heap, (entry.version, entry.seq, entry))
@@ -371,8 +392,8 @@ class ReplayBuffer:
                       consumed_groups=self._consumed_groups,
                       consumed_samples=self._consumed_samples, dropped=dict(self._dropped),
                       filtered_samples=dict(self._filtered_samples),
-                      histogram=dict(self._histogram),
-                      buffered=buffered).model_dump(mode="json")
+                      histogram=dict(self._histogram), buffered=buffered,
+                      floor=self._floor).model_dump(mode="json")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved. The buffer's own ``batch_groups`` and
@@ -382,6 +403,7 @@ class ReplayBuffer:
                              "waiters): load a checkpoint into a fresh buffer before starting")
         s = _State.model_validate(state)
         self._version = s.version
+        self._floor = s.floor
         self._next_seq = s.seq
         self._admitted = s.admitted
         self._consumed_groups = s.consumed_groups
@@ -390,7 +412,7 @@ class ReplayBuffer:
         self._dropped.update(s.dropped)
         self._filtered_samples = Counter(s.filtered_samples)
         self._histogram = Counter(s.histogram)
-        self._heap = [(e.version, e.seq, e) for e in s.buffered]
+        self._heap = [(e.version, e.seq, e) for e in s.buffered if e.version >= s.floor]
         heapq.heapify(self._heap)
         self._purge_stale()
 

@@ -2,6 +2,7 @@
 
     runs/<name>/checkpoints/step-000012/model/      Learner.save: weights, optimizer, version
     runs/<name>/checkpoints/step-000012/state.json  step, wall time, buffer, counters
+    runs/<name>/checkpoints/good/                   Learner.save of the last good weights
     runs/<name>/groups.jsonl                        one fsynced line per group put
 
 A checkpoint is written to a hidden temporary directory, fsynced and renamed into place, so a
@@ -33,6 +34,9 @@ CHECKPOINTS_DIR = "checkpoints"
 GROUPS_LOG = "groups.jsonl"
 STATE_FILE = "state.json"
 MODEL_DIR = "model"
+GOOD_DIR = "good"
+"""The last good weights (the best mean reward so far), which a rollback returns to; not a
+``step-*`` checkpoint, so never resumed from nor pruned."""
 
 
 class RunState(BaseModel):
@@ -53,6 +57,15 @@ class RunState(BaseModel):
     tasks_drawn: int
     """Groups started so far: the task sampler is reseeded from it."""
     buffer: dict[str, Any]
+    rollbacks: int = 0
+    """Rollbacks after a collapse so far."""
+    lr_scale: float = 1.0
+    """What the rollbacks have multiplied the learning rate by."""
+    best_reward: float | None = None
+    """The best mean reward the collapse detector has seen (``collapse.py``)."""
+    entropy_base: float | None = None
+    good_step: int | None = None
+    """The step whose weights the good checkpoint holds (0: the starting model)."""
 
 
 def step_name(step: int) -> str:

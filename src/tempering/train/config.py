@@ -107,6 +107,31 @@ class RolloutConfig(_Frozen):
     inference actor is placed on a GPU node)."""
 
 
+class CollapseConfig(_Frozen):
+    """When the trainer calls a run collapsed (``collapse.py``); each check is off at None.
+    The figures are those of ``metrics.jsonl``, averaged over the last ``window`` steps."""
+
+    window: int = Field(default=3, ge=1)
+    """Steps averaged by each check (steps since the last rollback only)."""
+    reward_fall: float | None = Field(default=0.5, gt=0, lt=1)
+    """Collapsed when the mean reward falls below ``(1 - reward_fall)`` x the best mean the
+    run reached, once that best is at least ``reward_min``."""
+    reward_min: float = Field(default=0.3, ge=0)
+    invalid_max: float | None = Field(default=0.5, gt=0, le=1)
+    """Collapsed when the share of malformed tool calls goes above this (the action format
+    breaking down: ``invalid_action_frac``)."""
+    entropy_fall: float | None = Field(default=None, gt=0, lt=1)
+    """Collapsed when the sampled tokens' entropy falls below ``(1 - entropy_fall)`` x its
+    mean over the run's first ``window`` steps (a policy that has locked into one output)."""
+    stall_s: float | None = Field(default=600.0, gt=0)
+    """Collapsed when no trainable batch came for this long while rollouts kept finishing
+    (every group dropped: all equal rewards, usually all 0)."""
+    lr_factor: float = Field(default=0.5, gt=0, le=1)
+    """``on_collapse: rollback`` multiplies the learning rate by this at each rollback."""
+    max_rollbacks: int = Field(default=3, ge=0)
+    """Rollbacks allowed in a run; one more collapse stops it."""
+
+
 class TrainConfig(_Frozen):
     """Everything a training run is: ``TrainConfig()`` is the embedded default."""
 
@@ -136,6 +161,12 @@ class TrainConfig(_Frozen):
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig(lr=5e-4, lr_warmup_steps=20)
     """Optimiser and objective (docs/training.md); ``temperature`` follows the sampling one."""
+    on_collapse: Literal["stop", "rollback"] = "rollback"
+    """What a detected collapse does (it is always said, in one line, with its evidence):
+    ``stop`` ends the run (``TrainingCollapsed``); ``rollback`` reloads the last good
+    checkpoint (the best mean reward so far, or the starting model), multiplies the learning
+    rate by ``collapse.lr_factor``, drops what the collapsed weights sampled and goes on."""
+    collapse: CollapseConfig = CollapseConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

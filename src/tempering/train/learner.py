@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean"]
+ISLevel = Literal["token", "sequence"]
+ISMode = Literal["truncate", "mask"]
 STATE_FILE = "learner.json"
 OPTIMIZER_FILE = "optimizer.pt"
 _TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json",
@@ -85,6 +87,12 @@ class LearnerConfig(BaseModel):
     """Upper clip (DAPO's clip-higher, e.g. 0.28); None: the same as ``clip_eps``."""
     is_cap: float | None = Field(default=2.0, ge=1)
     """Truncate the behaviour importance weight π_prox/π_behav at this (None: no cap)."""
+    is_level: ISLevel = "token"
+    """One importance weight per ``token``, or per ``sequence`` (the geometric mean of its
+    tokens' weights): see ``losses.py``."""
+    is_mode: ISMode = "truncate"
+    """``truncate`` a weight above ``is_cap`` to it (TIS), or ``mask`` the token (sequence)
+    whose weight leaves [1/is_cap, is_cap] out of the loss (MIS)."""
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the k3 KL penalty to the initial model; 0 loads no reference model."""
     temperature: float = Field(default=1.0, gt=0)
@@ -136,6 +144,19 @@ class StepStats:
     """Mean k3 KL(π_prox ‖ π_θ) at the forward passes: how far the update has gone."""
     is_weight_mean: float
     is_truncated_frac: float
+    """Share of trained tokens whose weight was truncated (or, with ``is_mode="mask"``,
+    masked)."""
+    is_weight_max: float
+    """The largest importance weight before truncation."""
+    behav_kl: float
+    """Mean k3 KL(π_behav ‖ π_prox) over trained tokens: how far the policy that sampled the
+    batch is from the learner's, before this update (0 on policy)."""
+    entropy: float
+    """Mean negative log-prob of the sampled tokens under the policy that sampled them: an
+    estimate of the sampling policy's per-token entropy (at the sampling temperature)."""
+    by_staleness: dict[int, dict[str, float]]
+    """Per age in versions: ``samples``, ``tokens``, ``is_weight_mean`` (before truncation),
+    ``is_weight_max``, ``is_truncated_frac``, ``behav_kl``."""
     grad_norm: float
     """Before clipping; the mean over mini-batches. Not finite: the update was skipped."""
     tokens: int
@@ -180,6 +201,8 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.version = 0
+        self.lr_scale = 1.0
+        """Multiplies the learning rate (a rollback after a collapse lowers it)."""
         self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         self._context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         # transformers >= 4.50 projects only chosen positions onto the vocabulary.
@@ -224,10 +247,13 @@ class Learner:
         minis = [list(range(i, len(samples), n_mini)) for i in range(n_mini)] * cfg.epochs
         prox = self._logprobs(samples) if len(minis) > 1 else None
         sums: dict[str, torch.Tensor] = {}
+        weights = torch.zeros((), device=self.device)  # trained tokens over every pass
         losses = torch.zeros(2, device=self.device)  # (loss, pg_loss) summed over mini-batches
         grad_norms: list[torch.Tensor] = []
+        ages = [self.version - s.version for s in samples]
+        behaviour = _BehaviourStats(cfg.is_cap, cfg.is_level, cfg.is_mode)
         micro = 0
-        for mini in minis:
+        for n, mini in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             chosen = [samples[i] for i in mini]
             denominator = float(max(1, sum(s.tokens for s in chosen)) if cfg.loss_agg ==
@@ -238,10 +264,13 @@ class Learner:
                 logprobs = self._forward(self.model, batch)  # (B, T)
                 prox_lp = logprobs.detach() if batch.prox is None else batch.prox
                 behav = torch.where(batch.behav.isnan(), prox_lp, batch.behav)
+                if n < n_mini:  # the first pass over each sample: what it was sampled by
+                    behaviour.add(prox_lp, behav, batch.mask, [ages[mini[j]] for j in group])
                 pg_loss, stats = decoupled_ppo_loss(
                     logprobs, prox_lp, behav, batch.advantages, batch.mask, cfg.clip_eps,
                     cfg.is_cap, cfg.clip_eps_high, loss_agg=cfg.loss_agg,
-                    denominator=denominator)
+                    denominator=denominator, is_level=cfg.is_level, is_mode=cfg.is_mode)
+                is_max = stats.pop("is_weight_max")
                 loss = pg_loss
                 if self.ref_model is not None:
                     with torch.no_grad():
@@ -253,8 +282,10 @@ class Learner:
                 loss.backward()  # type: ignore[no-untyped-call]
                 losses += torch.stack([loss.detach(), pg_loss.detach()])
                 weight = batch.mask.sum()  # stats are token means: weigh by tokens
+                weights += weight
                 for key, value in stats.items():
                     sums[key] = sums[key] + value * weight if key in sums else value * weight
+                sums["is_weight_max"] = torch.maximum(sums.get("is_weight_max", is_max), is_max)
                 micro += 1
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                   cfg.max_grad_norm or math.inf)
@@ -270,24 +301,29 @@ class Learner:
         keys = ["clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_truncated_frac",
                 "kl"]
         zero = torch.zeros((), device=self.device)
+        # token means over every pass (each pass of ``epochs`` adds the batch's tokens again)
         figures = torch.stack([*(losses / len(minis)), torch.stack(grad_norms).mean(),
-                               *(sums.get(k, zero) / max(1, tokens) for k in keys)]).tolist()
-        loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl = figures
-        staleness = [self.version - s.version for s in samples]
+                               *(sums.get(k, zero) / weights.clamp(min=1) for k in keys),
+                               sums.get("is_weight_max", zero)]).tolist()
+        (loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl,
+         is_max) = figures
+        overall, by_age = behaviour.figures()
         self.version += 1
         return StepStats(
             version=self.version, loss=loss, pg_loss=pg_loss, kl=kl, clip_frac=clip_frac,
             ratio_mean=ratio_mean, approx_kl=approx_kl, is_weight_mean=is_w,
-            is_truncated_frac=is_trunc, grad_norm=grad_norm, tokens=tokens,
-            samples=len(samples), micro_batches=micro,
+            is_truncated_frac=is_trunc, is_weight_max=is_max, behav_kl=overall["behav_kl"],
+            entropy=overall["entropy"], by_staleness=by_age, grad_norm=grad_norm,
+            tokens=tokens, samples=len(samples), micro_batches=micro,
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
-            staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness),
+            staleness_mean=sum(ages) / len(ages), staleness_max=max(ages),
             seconds=time.perf_counter() - started)
 
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes version ``version + 1``."""
         warmup = self.config.lr_warmup_steps
-        return self.config.lr * (min(1.0, (version + 1) / warmup) if warmup else 1.0)
+        return self.lr_scale * self.config.lr * (min(1.0, (version + 1) / warmup) if warmup
+                                                 else 1.0)
 
     def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
         """Each sample's per-token log-probs under the current weights: of every trained token
@@ -412,6 +448,63 @@ class Learner:
         self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device,
                                                   weights_only=True))
         self.version = int(state["version"])
+
+
+class _BehaviourStats:
+    """How far each sample's behaviour policy is from π_prox, by the sample's age: sums over
+    the trained tokens of one pass, kept on the device until ``figures`` (one sync a step)."""
+
+    COLUMNS = ("samples", "tokens", "is_weight", "is_outside", "behav_kl", "nll")
+
+    def __init__(self, is_cap: float | None, level: ISLevel, mode: ISMode) -> None:
+        self.is_cap, self.level, self.mode = is_cap, level, mode
+        self.sums: dict[int, torch.Tensor] = {}
+        self.max: dict[int, torch.Tensor] = {}
+
+    def add(self, prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor,
+            ages: Sequence[int]) -> None:
+        import torch
+
+        from tempering.train.losses import importance_weights
+
+        maskf = mask.float()
+        log_r = torch.where(mask, prox - behav, 0.0)  # (B, T) log π_prox/π_behav per token
+        weight = importance_weights(prox, behav, mask, self.level)
+        cap = self.is_cap if self.is_cap is not None else math.inf
+        outside = (weight > cap) | ((weight < 1.0 / cap) if self.mode == "mask" else False)
+        rows = torch.stack([
+            torch.ones(len(ages), device=mask.device), maskf.sum(-1),
+            (weight * maskf).sum(-1), (outside.float() * maskf).sum(-1),
+            ((log_r.exp() - 1 - log_r) * maskf).sum(-1),  # k3 of KL(π_behav ‖ π_prox)
+            (torch.where(mask, -behav, 0.0)).sum(-1)], dim=-1)  # (B, 6)
+        peak = torch.where(mask, weight, 0.0).amax(-1)  # (B,)
+        for age in set(ages):
+            chosen = torch.tensor([a == age for a in ages], device=mask.device)
+            total = rows[chosen].sum(0)
+            self.sums[age] = self.sums[age] + total if age in self.sums else total
+            top = peak[chosen].max()
+            self.max[age] = torch.maximum(self.max[age], top) if age in self.max else top
+
+    def figures(self) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+        """(``behav_kl`` and ``entropy`` over all samples, the per-age figures)."""
+        import torch
+
+        if not self.sums:
+            return {"behav_kl": 0.0, "entropy": 0.0}, {}
+        ages = sorted(self.sums)
+        table = torch.stack([self.sums[a] for a in ages]).tolist()
+        peaks = torch.stack([self.max[a] for a in ages]).tolist()
+        by_age: dict[int, dict[str, float]] = {}
+        for age, row, peak in zip(ages, table, peaks, strict=True):
+            got = dict(zip(self.COLUMNS, row, strict=True))
+            n = max(1.0, got["tokens"])
+            by_age[age] = {"samples": got["samples"], "tokens": got["tokens"],
+                           "is_weight_mean": got["is_weight"] / n, "is_weight_max": peak,
+                           "is_truncated_frac": got["is_outside"] / n,
+                           "behav_kl": got["behav_kl"] / n}
+        tokens = max(1.0, sum(row[1] for row in table))
+        return {"behav_kl": sum(row[4] for row in table) / tokens,
+                "entropy": sum(row[5] for row in table) / tokens}, by_age
 
 
 def _fsync(*paths: Path) -> None:

@@ -15,7 +15,12 @@ tokens the policy sampled (trained on) and 0 on prompts, tool observations and p
   between π_prox and the behaviour policy π_behav that sampled the tokens is corrected by an
   importance weight π_prox/π_behav outside the clip. The weight is truncated at ``is_cap``
   (truncated importance sampling, TIS), which bounds the variance a very stale or mismatched
-  token can add.
+  token can add. ``is_level="sequence"`` takes one weight per sequence, the geometric mean of
+  its tokens' ratios (the length-normalised sequence ratio of GSPO, Zheng et al. 2025), and
+  ``is_mode="mask"`` drops a token (or sequence) whose weight leaves [1/is_cap, is_cap]
+  instead of truncating it (masked importance sampling, MIS: a sample that far from the
+  learner's policy is more likely to mislead than to teach, and a capped weight still trains
+  on it at full strength).
 - ``kl_k3``: the k3 estimator of KL(π_θ ‖ π_ref) (Schulman, "Approximating KL divergence"):
   unbiased, always >= 0, low variance.
 
@@ -38,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from tempering.train.learner import LossAgg
+    from tempering.train.learner import ISLevel, ISMode, LossAgg
 
 Stats = dict[str, torch.Tensor]
 
@@ -130,25 +135,46 @@ def decoupled_ppo_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor,
                        behav_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                        clip_eps: float = 0.2, is_cap: float | None = 2.0,
                        clip_eps_high: float | None = None, *, loss_agg: LossAgg = "token-mean",
-                       denominator: float | None = None) -> tuple[torch.Tensor, Stats]:
-    """AReaL's decoupled PPO loss with a truncated behaviour importance weight.
+                       denominator: float | None = None, is_level: ISLevel = "token",
+                       is_mode: ISMode = "truncate") -> tuple[torch.Tensor, Stats]:
+    """AReaL's decoupled PPO loss with a truncated (or masked) behaviour importance weight.
 
     loss_t = -w_t · min(r_t A, clip(r_t, 1 - clip_eps, 1 + clip_eps_high) A), with
-    r_t = π_θ / π_prox and w_t = min(π_prox / π_behav, is_cap) (no cap when ``is_cap`` is None).
-    ``prox_logprobs`` and ``behav_logprobs`` (B, T) carry no gradient; w is a constant weight.
-    With π_prox = π_behav (on-policy samples) w = 1 and this is ``ppo_clip_loss``.
+    r_t = π_θ / π_prox and w_t = min(π_prox / π_behav, is_cap) (no cap when ``is_cap`` is None);
+    see the module docstring for ``is_level`` and ``is_mode``. ``prox_logprobs`` and
+    ``behav_logprobs`` (B, T) carry no gradient; w is a constant weight. With π_prox = π_behav
+    (on-policy samples) w = 1 and this is ``ppo_clip_loss``.
     """
     mask = mask.bool()
     pg, stats = _clipped_surrogate(logprobs, prox_logprobs, advantages, mask, clip_eps,
                                    clip_eps_high)
     with torch.no_grad():
-        is_weight = torch.where(mask, prox_logprobs - behav_logprobs, 0.0).exp()  # (B, T)
-        truncated = torch.zeros_like(mask) if is_cap is None else (is_weight > is_cap) & mask
-        if is_cap is not None:
+        is_weight = importance_weights(prox_logprobs, behav_logprobs, mask, is_level)
+        stats["is_weight_max"] = torch.where(mask, is_weight, 0.0).max()
+        if is_cap is None:
+            outside = torch.zeros_like(mask)
+        elif is_mode == "mask":
+            outside = ((is_weight > is_cap) | (is_weight < 1.0 / is_cap)) & mask
+            is_weight = torch.where(outside, 0.0, is_weight)
+        else:
+            outside = (is_weight > is_cap) & mask
             is_weight = is_weight.clamp(max=is_cap)
         stats["is_weight_mean"] = masked_mean(is_weight, mask)
-        stats["is_truncated_frac"] = masked_mean(truncated.float(), mask)
+        stats["is_truncated_frac"] = masked_mean(outside.float(), mask)
     return aggregate(is_weight * pg, mask, loss_agg, denominator), stats
+
+
+def importance_weights(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor,
+                       mask: torch.Tensor, level: ISLevel = "token") -> torch.Tensor:
+    """π_prox/π_behav per token (B, T), or per sequence (the geometric mean of its tokens'
+    ratios, on each of its tokens); 1 where ``mask`` is 0."""
+    log_w = torch.where(mask, prox_logprobs - behav_logprobs, 0.0)  # (B, T)
+    if level == "sequence":
+        per_seq = log_w.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+        log_w = torch.where(mask, per_seq[:, None], 0.0)
+    elif level != "token":
+        raise ValueError(f"is_level={level!r} is not known; use 'token' or 'sequence'")
+    return log_w.exp()
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, *,

@@ -38,14 +38,28 @@ class Interval:
 
     def _reset(self) -> None:
         self.rewards: list[float] = []
+        self.by_task: dict[str, list[float]] = {}
         self.ok = 0
         self.episodes = 0
+        self.groups = 0
+        self.equal_groups = 0
+        self.actions = 0
+        self.invalid = 0
 
     def add_group(self, group: list[Trajectory]) -> None:
+        rewards = []
         for traj in group:
             self.episodes += 1
             self.ok += traj.status is Status.OK
-            self.rewards.append(traj.reward_value or 0.0)
+            rewards.append(traj.reward_value or 0.0)
+            self.by_task.setdefault(traj.task_id, []).append(rewards[-1])
+            for step in traj.steps:
+                if not step.inherited:
+                    self.actions += 1
+                    self.invalid += step.action == "invalid"
+        self.rewards += rewards
+        self.groups += 1
+        self.equal_groups += len(rewards) > 1 and len(set(rewards)) == 1
 
     def take(self, scheduler: SchedulerMetrics, seconds: float) -> dict[str, float]:
         """The interval's figures; ``seconds`` is its wall length. Starts the next one."""
@@ -67,10 +81,19 @@ class Interval:
             "episodes_per_s": self.episodes / seconds if seconds > 0 else 0.0,
             "sandbox_util": util("sandbox"),
             "inference_util": util("inference"),
+            # a malformed tool call: the format the warm-up taught, breaking down
+            "invalid_action_frac": self.invalid / self.actions if self.actions else math.nan,
+            # groups with no learning signal (all equal rewards), which the filters drop
+            "equal_reward_group_frac": (self.equal_groups / self.groups if self.groups
+                                        else math.nan),
         }
         self._reset()
         self._busy, self._offered = busy, offered
         return out
+
+    def task_rewards(self) -> dict[str, float]:
+        """Mean reward by task over the interval (call before ``take``)."""
+        return {task: round(statistics.fmean(r), 4) for task, r in sorted(self.by_task.items())}
 
 
 class MetricsLog:
@@ -112,6 +135,8 @@ class MetricsLog:
 
 
 _GROUPS = {"reward": "rollout", "ok_frac": "rollout", "episodes": "rollout",
+           "invalid": "rollout", "equal": "rollout", "entropy": "policy", "behav": "policy",
+           "collapse": "run", "rollback": "run",
            "staleness": "staleness", "learner": "learner", "wait": "learner", "loss": "loss",
            "pg_loss": "loss", "kl": "loss", "clip": "loss", "grad": "loss", "is_": "loss",
            "approx": "loss", "ratio": "loss", "sandbox": "utilisation",

@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from tempering.agent.rollouts import run_rollouts
-from tempering.errors import ConfigError
+from tempering.errors import ConfigError, TrainingCollapsed
 from tempering.tasks.task import Task
 from tempering.train import checkpoints
 from tempering.train.batches import Batch
 from tempering.train.buffer import ReplayBuffer
+from tempering.train.collapse import Collapse, CollapseDetector
 from tempering.train.config import TrainConfig, dump_config, validate_config
 from tempering.train.learner import Learner, StepStats
 from tempering.train.metrics import Interval, MetricsLog
@@ -64,6 +65,10 @@ class Trainer:
         self._interval = Interval()
         self._tasks_drawn = 0
         self._errors = 0
+        self.rollbacks = 0
+        self._good_step: int | None = None
+        self._stall: asyncio.Future[Collapse] | None = None
+        self._filtered_at_step = 0  # the buffer's filtered drops at the last step
         self.recovered = 0
         """Trajectories read back from Ray workers' journals at the end: episodes the end of
         the run cut off (stored as infra errors), or those of a worker that had to be killed."""
@@ -89,6 +94,12 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir, resume_after=state.step if state else 0,
                                   tensorboard=self.tensorboard)
         self.step = state.step if state else 0
+        self.detector = CollapseDetector(cfg.collapse, best=state.best_reward if state else None,
+                                         entropy_base=state.entropy_base if state else None)
+        if state is not None:
+            self.rollbacks, self._good_step = state.rollbacks, state.good_step
+            self.learner.lr_scale = state.lr_scale
+        self._filtered_at_step = self.buffer.stats().dropped["filtered"]
         self._wall_before = state.wall_s if state else 0.0
         self._idle_s = state.idle_s if state else 0.0
         self._busy_from: float | None = state.busy_from_s if state and state.step else None
@@ -96,6 +107,8 @@ class Trainer:
             async with contextlib.AsyncExitStack() as stack:
                 await self._start_components(stack, model_dir)
                 self._restore_groups(state)
+                if cfg.on_collapse == "rollback" and self._good_step is None:
+                    await self._save_good()  # the starting model: the first good point
                 self._started = time.monotonic()
                 self._last_step_at = self._started
                 watch = asyncio.create_task(self._watch())
@@ -167,7 +180,11 @@ class Trainer:
         try:
             while not self._finished():
                 waited_from = time.monotonic()
-                batch = await _first(self.buffer.get(), producer)
+                self._stall = asyncio.get_running_loop().create_future()
+                batch = await _first(self.buffer.get(), producer, self._stall)
+                if batch is None:  # no trainable batch for too long (``_watch``)
+                    await self._collapsed(self._stall.result())
+                    continue
                 await self._train(batch, time.monotonic() - waited_from)
         finally:
             producer.cancel()
@@ -178,7 +195,11 @@ class Trainer:
         need = self.config.rollout.batch_groups
         while not self._finished():
             waited_from = time.monotonic()
+            self._stall = asyncio.get_running_loop().create_future()
             while len(self.buffer) < need:  # groups the filters drop are replaced
+                if self._stall.done():  # no trainable batch for too long (``_watch``)
+                    await self._collapsed(self._stall.result())
+                    self._stall = asyncio.get_running_loop().create_future()
                 started = 0
                 while len(self.buffer) + self.buffer.stats().in_flight_groups < need and \
                         self.buffer.try_admit():
@@ -248,11 +269,20 @@ class Trainer:
         else:
             self._idle_s += waited
         metrics = self._metrics(batch, stats, waited)
+        collapse, good = self.detector.observe(metrics)
+        if collapse is not None:
+            metrics["collapse"] = collapse.line
         self.metrics.write(metrics)
+        self._filtered_at_step = self.buffer.stats().dropped["filtered"]
+        self.say(progress_line(metrics, self.config.steps))
+        if collapse is not None:
+            await self._collapsed(collapse)  # checkpoints and publishes what it rolls back to
+            return
+        if good and self.config.on_collapse == "rollback":
+            await self._save_good()
         if self.step % self.config.checkpoint_every == 0 or self._finished():
             await self._checkpoint()
         await self._publish()
-        self.say(progress_line(metrics, self.config.steps))
 
     def _finished(self) -> bool:
         """``steps`` done, or ``target_reward`` reached (over the steps logged, resumed too)."""
@@ -270,7 +300,10 @@ class Trainer:
         now = time.monotonic()
         interval = now - self._last_step_at
         self._last_step_at = now
+        by_task = self._interval.task_rewards()
         figures = self._interval.take(self.scheduler.metrics(), interval)
+        by_age = {f"{key}_s{age}": _round(value) for age, row in stats.by_staleness.items()
+                  for key, value in row.items() if key not in ("samples", "tokens")}
         buffer = self.buffer.stats()
         busy_span = self._wall() - (self._busy_from or 0.0)
         return {
@@ -291,9 +324,15 @@ class Trainer:
             "loss": _round(stats.loss), "pg_loss": _round(stats.pg_loss),
             "kl": _round(stats.kl), "clip_frac": _round(stats.clip_frac),
             "grad_norm": _round(stats.grad_norm), "is_weight_mean": _round(stats.is_weight_mean),
-            "approx_kl": _round(stats.approx_kl),
+            "is_weight_max": _round(stats.is_weight_max),
+            "is_truncated_frac": _round(stats.is_truncated_frac),
+            "approx_kl": _round(stats.approx_kl), "ratio_mean": _round(stats.ratio_mean),
+            "behav_kl": _round(stats.behav_kl), "entropy": _round(stats.entropy), **by_age,
+            "lr": _round(self.learner.lr_at(stats.version - 1)),
+            "reward_by_task": by_task,
             "buffered_groups": buffer.buffered_groups, "dropped_stale": buffer.dropped["stale"],
             "dropped_filtered": buffer.dropped["filtered"], "rollout_errors": self._errors,
+            "dropped_rolled_back": buffer.dropped["rolled_back"], "rollbacks": self.rollbacks,
             "groups_trained": [g[0].group_id for g in batch.groups],
         }
 
@@ -303,9 +342,17 @@ class Trainer:
         scores, or always does, gives groups of equal rewards: no learning signal)."""
         while True:
             await asyncio.sleep(every_s)
-            if time.monotonic() - self._last_step_at < every_s:
+            waited = time.monotonic() - self._last_step_at
+            if waited < every_s:
                 continue
             b = self.buffer.stats()
+            rewards = self._interval.rewards
+            stall = self.detector.stalled(
+                self.step, waited, b.dropped["filtered"] - self._filtered_at_step,
+                sum(rewards) / len(rewards) if rewards else None)
+            if stall is not None and self._stall is not None and not self._stall.done():
+                self._stall.set_result(stall)
+                continue
             self.say(f"  waiting for batch {self.step + 1}: {b.buffered_groups}/"
                      f"{b.batch_groups} groups buffered, {b.in_flight_groups} in flight, "
                      f"{b.dropped['filtered']} dropped by the filters (equal rewards), "
@@ -323,9 +370,53 @@ class Trainer:
             step=self.step, version=self.learner.version, wall_s=self._wall(),
             groups_logged=self.group_log.lines, idle_s=self._idle_s,
             busy_from_s=self._busy_from or 0.0, tasks_drawn=self._tasks_drawn,
-            buffer=self.buffer.state_dict())
+            buffer=self.buffer.state_dict(), rollbacks=self.rollbacks,
+            lr_scale=self.learner.lr_scale, best_reward=self.detector.best,
+            entropy_base=self.detector.entropy_base, good_step=self._good_step)
         await asyncio.to_thread(checkpoints.write, self.run_dir, state, self.learner.save,
                                 keep=self.config.keep_checkpoints)
+
+    # ---- collapse ---------------------------------------------------------------------------
+
+    async def _save_good(self) -> None:
+        """Keep the learner's weights now as the last good point a rollback returns to."""
+        await asyncio.to_thread(self.learner.save, self._good_dir())
+        self._good_step = self.step
+
+    def _good_dir(self) -> Path:
+        return self.run_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.GOOD_DIR
+
+    async def _collapsed(self, collapse: Collapse) -> None:
+        """Say the diagnosis; stop the run, or roll back to the last good weights (a lower
+        learning rate, what the collapsed weights sampled dropped) and go on."""
+        cfg = self.config
+        self.say(collapse.line)
+        if cfg.on_collapse == "stop" or self.rollbacks >= cfg.collapse.max_rollbacks:
+            await self._checkpoint()
+            why = ("on_collapse is stop" if cfg.on_collapse == "stop" else
+                   f"{self.rollbacks} rollbacks already (collapse.max_rollbacks)")
+            raise TrainingCollapsed(f"{collapse.line}; the run stops ({why})")
+        if self._good_step is None:
+            raise TrainingCollapsed(f"{collapse.line}; no good checkpoint to roll back to")
+        version = self.learner.version
+        await asyncio.to_thread(self.learner.load, self._good_dir())
+        # the good weights go out as a new version: versions only grow, and every sample
+        # records the version (and so the weights) that sampled it
+        self.learner.version = version + 1
+        self.learner.lr_scale *= cfg.collapse.lr_factor
+        self.rollbacks += 1
+        self.buffer.set_version(self.learner.version)
+        dropped = self.buffer.discard_before(self.learner.version)
+        self.detector.reset()
+        self._last_step_at = time.monotonic()
+        self._filtered_at_step = self.buffer.stats().dropped["filtered"]
+        await self._checkpoint()
+        await self._publish()
+        self.say(f"rollback {self.rollbacks} of {cfg.collapse.max_rollbacks}: the weights of "
+                 f"step {self._good_step} (best mean reward {self.detector.best or 0:.2f}) "
+                 f"published as version {self.learner.version}, learning rate x"
+                 f"{self.learner.lr_scale:g}; {dropped} buffered groups of the collapsed "
+                 "weights dropped")
 
     def _resume(self) -> checkpoints.RunState | None:
         found = checkpoints.latest(self.run_dir)
@@ -377,16 +468,22 @@ class Trainer:
         path.write_text(text)
 
 
-async def _first(getter: Any, producer: asyncio.Task[None]) -> Batch:
-    """``await getter``, unless the producer dies first (then its error is raised)."""
+async def _first(getter: Any, producer: asyncio.Task[None],
+                 stall: asyncio.Future[Collapse]) -> Batch | None:
+    """``await getter``, unless the producer dies first (then its error is raised) or
+    ``stall`` is set first (then None)."""
     get = asyncio.ensure_future(getter)
-    done, _ = await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({get, producer, stall}, return_when=asyncio.FIRST_COMPLETED)
     if get in done:
         batch: Batch = get.result()
         return batch
     get.cancel()
-    producer.result()  # raises what stopped it
-    raise RuntimeError("the rollout producer stopped")
+    with contextlib.suppress(asyncio.CancelledError):
+        await get
+    if producer.done():
+        producer.result()  # raises what stopped it
+        raise RuntimeError("the rollout producer stopped")
+    return None
 
 
 def _newest_version(run_dir: Path) -> int | None:
