@@ -59,6 +59,7 @@ def test_a_stall_needs_time_and_dropped_groups() -> None:
     detector = CollapseDetector(CollapseConfig(stall_s=60))
     assert detector.stalled(5, 30, 40, 0.0) is None
     assert detector.stalled(5, 90, 0, None) is None  # slow rollouts, nothing dropped
+    assert detector.stalled(5, 90, 40, 1.0) is None  # every task solved: no signal, no collapse
     stall = detector.stalled(5, 90, 40, 0.0)
     assert stall is not None and "40 groups" in stall.line and "90 s" in stall.line
 

@@ -97,10 +97,13 @@ class CollapseDetector:
                 dropped_groups_reward: float | None) -> Collapse | None:
         """A collapse when no trainable batch has come for ``stall_s`` seconds while groups
         kept finishing and the filters dropped them: ``dropped_filtered`` groups since the
-        last step, whose mean reward was ``dropped_groups_reward``."""
+        last step, whose mean reward was ``dropped_groups_reward`` (below 0.5: groups that
+        all fail; all passing is a solved task set, not a collapse)."""
         cfg = self.config
         if cfg.stall_s is None or waited_s < cfg.stall_s or dropped_filtered == 0:
             return None
+        if dropped_groups_reward is not None and dropped_groups_reward >= 0.5:
+            return None  # groups of all 1s: a policy that solves its tasks, not a collapse
         rewards = ("" if dropped_groups_reward is None
                    else f", their mean reward {dropped_groups_reward:.2f}")
         return Collapse("stall", step, f"collapse at step {step} (stall): no trainable batch "

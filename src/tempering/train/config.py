@@ -123,9 +123,10 @@ class CollapseConfig(_Frozen):
     entropy_fall: float | None = Field(default=None, gt=0, lt=1)
     """Collapsed when the sampled tokens' entropy falls below ``(1 - entropy_fall)`` x its
     mean over the run's first ``window`` steps (a policy that has locked into one output)."""
-    stall_s: float | None = Field(default=600.0, gt=0)
+    stall_s: float | None = Field(default=180.0, gt=0)
     """Collapsed when no trainable batch came for this long while rollouts kept finishing
-    (every group dropped: all equal rewards, usually all 0)."""
+    and every group was dropped for equal rewards, mostly 0 (with the learning rate 1000x
+    too high, the default run stalled so after 3 steps, not one tool call malformed)."""
     lr_factor: float = Field(default=0.5, gt=0, le=1)
     """``on_collapse: rollback`` multiplies the learning rate by this at each rollback."""
     max_rollbacks: int = Field(default=3, ge=0)
