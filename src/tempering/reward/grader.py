@@ -41,7 +41,7 @@ from tempering.reward.runner import (
     pytest_args,
     write_launcher,
 )
-from tempering.reward.static import analyse, lint, parse_big
+from tempering.reward.static import analyse, lint, parse_big, python_sources
 from tempering.reward.tamper import parents, screen, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
@@ -175,7 +175,9 @@ class Grader:
         """Grade a workspace given as files (``tempering grade --workspace DIR``)."""
         start = time.perf_counter() if start is None else start
         screened = screen(task, final)
-        found = await asyncio.to_thread(analyse, task, screened, await parse_big(screened))
+        sources = python_sources(screened)  # decoded once, for both
+        found = await asyncio.to_thread(analyse, task, screened, sources,
+                                        await parse_big(sources[0]))
         flags, details = set(screened.flags) | found.flags, screened.details + found.details
         components = dict(found.components)
         if task.config.reward.get("lint", 0) > 0:

@@ -111,13 +111,12 @@ def _parse(sources: dict[str, str], big: dict[str, Names | None]) -> dict[str, N
     return parsed
 
 
-async def parse_big(screened: Screened) -> dict[str, Names | None]:
+async def parse_big(sources: dict[str, str]) -> dict[str, Names | None]:
     """``Names`` of each changed Python file over ``IN_PROCESS_PARSE_BYTES``, parsed by
     ``names.py`` in a process of its own under memory and CPU limits, a few at a time (a
     syntax tree can be ~500x its source: parsed in the grader, one file of a few MB took GBs
     of its memory and stalled every grading: round 38); None where Python would not parse
-    it, ``unscreened`` past a limit."""
-    sources, _ = python_sources(screened)
+    it, ``unscreened`` past a limit. ``sources`` as ``python_sources`` gives them."""
     big = {path: text for path, text in sources.items() if len(text) > IN_PROCESS_PARSE_BYTES}
     if not big:
         return {}
@@ -154,13 +153,15 @@ async def _parse_isolated(text: str, gate: asyncio.Semaphore) -> Names | None:
     return _names.from_json(out.decode())
 
 
-def analyse(task: Task, screened: Screened, big: dict[str, Names | None] | None = None
-            ) -> Findings:
-    """Tamper patterns and the task's rules over the applied edits; ``big`` holds what
-    ``parse_big`` made of the big files (parsed here without it: for small trees only)."""
+def analyse(task: Task, screened: Screened,
+            sources: tuple[dict[str, str], list[str]] | None = None,
+            big: dict[str, Names | None] | None = None) -> Findings:
+    """Tamper patterns and the task's rules over the applied edits. ``sources`` is what
+    ``python_sources`` gave (read here if None), ``big`` what ``parse_big`` made of its big
+    files (parsed here without it: for small trees only)."""
     found = Findings()
-    sources, over = python_sources(screened)
-    parsed = _parse(sources, {} if big is None else big)
+    texts, over = python_sources(screened) if sources is None else sources
+    parsed = _parse(texts, {} if big is None else big)
     for path in over:
         parsed[path] = _names.unscreened("past the screen's budget of "
                                          f"{PARSE_BUDGET >> 20} MiB of changed Python")
