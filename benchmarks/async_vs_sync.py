@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,14 @@ MAX_STALENESS = 3
 def config_for(mode: str, runs: Path, steps: int, *extra: str) -> Any:
     from tempering.train.config import load_config
 
-    return load_config(None, [*extra,
+    return load_config(None, [
         f"name={mode}", f"runs_dir={runs}", f"mode={mode}", f"steps={steps}",
         "tasks.slow={scale_s: 0.2, alpha: 1.0, cap_s: 20}",
         f"rollout.max_staleness={MAX_STALENESS}",
         "rollout.group_size=8", "rollout.batch_groups=8", "rollout.sandboxes=160",
         "rollout.inference=160", "rollout.max_batch=64",
         "learner.epochs=8", "learner.lr=1.25e-4", "learner.lr_warmup_steps=10",
-        "checkpoint_every=1000"])
+        "checkpoint_every=1000", *extra])
 
 
 def time_to(metrics: list[dict[str, Any]], target: float, window: int) -> tuple[float, float]:
@@ -79,62 +80,164 @@ def time_to(metrics: list[dict[str, Any]], target: float, window: int) -> tuple[
     return math.inf, math.inf
 
 
-async def train(mode: str, runs: Path, steps: int, *extra: str) -> list[dict[str, Any]]:
+async def train(label: str, mode: str, runs: Path, steps: int,
+                *extra: str) -> list[dict[str, Any]]:
+    from tempering.errors import TrainingCollapsed
     from tempering.train.trainer import Trainer
 
-    console.print(f"  {mode}: up to {steps} steps {' '.join(extra)}")
-    metrics: list[dict[str, Any]] = await Trainer(
-        config_for(mode, runs, steps, *extra), tensorboard=False,
-        say=lambda line: console.print(f"    [dim]{mode}[/] {line}")).run()
+    console.print(f"  {label}: up to {steps} steps {' '.join(extra)}")
+    trainer = Trainer(config_for(mode, runs / label, steps, *extra), tensorboard=False,
+                      say=lambda line: console.print(f"    [dim]{label}[/] {line}"))
+    try:
+        metrics: list[dict[str, Any]] = await trainer.run()
+    except TrainingCollapsed as exc:  # a miss, with what it reached: still a figure
+        console.print(f"    [red]{label} stopped[/]: {exc}")
+        metrics = trainer.metrics.lines
     return metrics
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's figures against its seed's R*."""
+
+    seed: int
+    label: str
+    target: float
+    time_to: float
+    steps_to: float
+    per_step: float
+    idle: float
+    staleness_max: int
+    bound: int
+    final: float
+    rollbacks: int
+
+    @property
+    def reached(self) -> bool:
+        return math.isfinite(self.time_to)
+
+
+def figures_of(seed: int, label: str, metrics: list[dict[str, Any]], target: float,
+               window: int, bound: int) -> Run:
+    if not metrics:  # stopped before its first step
+        return Run(seed, label, target, math.inf, math.inf, math.nan, math.nan, 0, bound,
+                   math.nan, 0)
+    t, n = time_to(metrics, target, window)
+    return Run(seed, label, target, t, n, metrics[-1]["wall_s"] / len(metrics),
+               metrics[-1]["learner_idle_frac_total"], max(m["staleness_max"] for m in metrics),
+               bound, statistics.fmean(m["reward_mean"] for m in metrics[-window:]),
+               int(metrics[-1].get("rollbacks", 0)))
+
+
+async def one_seed(seed: int, steps: int, bounds: list[int], runs: Path) -> list[Run]:
+    """Sync, then async at each staleness bound, from the same seed (warm-up and tiny model)."""
+    seeded = (f"seed={seed}", f"model.tiny.seed={seed}")
+    sync = await train(f"sync-{seed}", "sync", runs, steps, *seeded)
+    fifth = max(1, len(sync) // 5)
+    target = statistics.fmean(m["reward_mean"] for m in sync[-fifth:])
+    out = [figures_of(seed, "sync", sync, target, fifth, 0)]
+    for bound in bounds:
+        # async trains to R* (the run ends once the mean of its last `fifth` steps reaches
+        # it), for up to twice sync's steps: staler steps may need more of them, and time to
+        # R* is what is compared, not reward at a step count
+        asyn = await train(f"async{bound}-{seed}", "async", runs, 2 * steps, *seeded,
+                           f"rollout.max_staleness={bound}", f"target_reward={target}",
+                           f"target_window={fifth}")
+        out.append(figures_of(seed, f"async{bound}", asyn, target, fifth, bound))
+    first = statistics.fmean(m["reward_mean"] for m in sync[:fifth])
+    console.print(f"  seed {seed}: R* = {target:.3f} (sync's last {fifth} steps; its first "
+                  f"{first:.3f}); time to R*: " + ", ".join(
+                      f"{r.label} {r.time_to:.0f} s" for r in out))
+    return out
+
+
+def spread(values: list[float], spec: str = ".1f") -> str:
+    """``median (min-max)`` of finite values, or what share of them is finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "none"
+    return (f"{statistics.median(finite):{spec}} ({min(finite):{spec}}-{max(finite):{spec}})"
+            + (f", {len(values) - len(finite)} never" if len(finite) < len(values) else ""))
 
 
 async def compare(args: argparse.Namespace) -> list[Figure]:
     steps = 10 if args.quick else 16
+    runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
-        runs = Path(tmp)
-        sync = await train("sync", runs, steps)
-        fifth = max(1, len(sync) // 5)
-        target = statistics.fmean(m["reward_mean"] for m in sync[-fifth:])
-        # async trains to R* (the run ends once the mean of its last `fifth` steps reaches
-        # it), for up to twice sync's steps: staler steps may need more of them, and time to
-        # R* is what is compared, not reward at a step count
-        asyn = await train("async", runs, 2 * steps, f"target_reward={target}",
-                           f"target_window={fifth}")
-    first = statistics.fmean(m["reward_mean"] for m in sync[:fifth])
-    (t_sync, n_sync), (t_async, n_async) = time_to(sync, target, fifth), time_to(
-        asyn, target, fifth)
-    per_step = {name: run[-1]["wall_s"] / len(run) for name, run in (("sync", sync),
-                                                                      ("async", asyn))}
-    ratio = t_sync / t_async if t_async > 0 else math.inf
-    idle = {name: run[-1]["learner_idle_frac_total"] for name, run in (("sync", sync),
-                                                                       ("async", asyn))}
-    stale = {name: max(m["staleness_max"] for m in run) for name, run in (("sync", sync),
-                                                                          ("async", asyn))}
-    console.print(f"  R* = {target:.3f} (sync's last {fifth} steps; its first {fifth} "
-                  f"{first:.3f}); time to R*: sync {t_sync:.0f} s, async {t_async:.0f} s: "
-                  f"async {ratio:.1f}x sooner")
-    return report([
-        Figure("learning", "time to sync's final reward: async", t_async, "s", t_sync,
-               "sync", target="<= sync/3", passed=ratio >= 3.0),
-        Figure("learning", "sync's final reward R*", target, "", first, "its first fifth",
-               relative=False),
-        Figure("learning", "steps to R*: async", n_async, "", n_sync, "sync"),
-        Figure("learning", f"async reward, its last {fifth} steps", statistics.fmean(
-            m["reward_mean"] for m in asyn[-fifth:]), "", target, "R*"),
-        Figure("speed", "wall time per step: async", per_step["async"], "s", per_step["sync"],
-               "sync"),
-        Figure("speed", "learner idle fraction: async", idle["async"] * 100, "%",
-               idle["sync"] * 100, "sync", target="<= 5%", passed=idle["async"] <= 0.05),
-        Figure("staleness", "max staleness trained on: async", stale["async"], "versions",
-               MAX_STALENESS, "bound", target="<= bound", passed=stale["async"] <= MAX_STALENESS,
-               relative=False),
-        Figure("staleness", "max staleness trained on: sync", stale["sync"], "versions", 0,
-               "bound", target="<= bound", passed=stale["sync"] == 0, relative=False),
-    ])
+        for seed in range(args.seeds):
+            runs += await one_seed(seed, steps, args.staleness, Path(tmp))
+    by = {label: [r for r in runs if r.label == label]
+          for label in ["sync", *(f"async{b}" for b in args.staleness)]}
+    console.print(f"  {'run':<8} {'seed':>4} {'R*':>6} {'to R* s':>8} {'steps':>6} "
+                  f"{'s/step':>7} {'idle':>6} {'stale':>6} {'final':>6} {'rollbacks':>9}")
+    for r in runs:
+        console.print(f"  {r.label:<8} {r.seed:>4} {r.target:>6.3f} {r.time_to:>8.0f} "
+                      f"{r.steps_to:>6.0f} {r.per_step:>7.1f} {r.idle:>6.1%} "
+                      f"{r.staleness_max:>3}/{r.bound:<2} {r.final:>6.3f} {r.rollbacks:>9}")
+    n = args.seeds
+    sync = by["sync"]
+    median = statistics.median
+    figures = [Figure("learning", f"sync's final reward R*, median of {n} "
+                      f"[{spread([r.target for r in sync], '.3f')}]",
+                      median(r.target for r in sync), "", relative=False),
+               Figure("speed", "wall time per step: sync, median", median(
+                   r.per_step for r in sync), "s", relative=False)]
+    for bound in args.staleness:
+        label = f"async{bound}"
+        mine = by[label]
+        ratios = [s.time_to / a.time_to if a.reached else 0.0 for s, a in zip(
+            sync, mine, strict=True)]
+        reached = sum(r.reached for r in mine)
+        figures += [
+            Figure("learning", f"{label}: seeds reaching R*", reached, "", n, "seeds",
+                   target="all", passed=reached == n, relative=False),
+            Figure("learning", f"{label}: time to R*, median "
+                   f"[{spread([r.time_to for r in mine], '.0f')}]",
+                   median(r.time_to for r in mine), "s", median(r.time_to for r in sync),
+                   "sync, median"),
+            Figure("learning", f"{label}: sync / async time to R*, median "
+                   f"[{spread(ratios)}]", median(ratios), "x", target=">= 3x",
+                   passed=median(ratios) >= 3.0, relative=False),
+            Figure("speed", f"{label}: learner idle, median "
+                   f"[{spread([r.idle * 100 for r in mine])}]",
+                   median(r.idle for r in mine) * 100, "%",
+                   median(r.idle for r in sync) * 100, "sync", target="<= 5%",
+                   passed=median(r.idle for r in mine) <= 0.05),
+            Figure("staleness", f"{label}: max staleness trained on", max(
+                r.staleness_max for r in mine), "versions", bound, "bound", target="<= bound",
+                passed=all(r.staleness_max <= bound for r in mine), relative=False),
+            Figure("learning", f"{label}: rollbacks after a collapse, all seeds", sum(
+                r.rollbacks for r in mine), "", relative=False),
+        ]
+    return report(figures)
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=_positive, default=1,
+                        help="seeds per mode (0..N-1: the tiny model, its warm-up; default 1)")
+    parser.add_argument("--staleness", type=_bounds, default=[MAX_STALENESS],
+                        help=f"async runs' max_staleness, comma-separated (default "
+                             f"{MAX_STALENESS}; 3,4 also runs AReaL's regime)")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive number")
+    return value
+
+
+def _bounds(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give bounds like 3 or 3,4") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each bound must be at least 1")
+    return values
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TEMPERING_CACHE", str(Path.home() / ".cache" / "tempering"))
     benchmark_main(__doc__ or "", {"compare": compare}, "async vs sync",
-                   quick_help="10 steps per run instead of 16")
+                   quick_help="10 steps per sync run instead of 16", options=options)

@@ -151,10 +151,14 @@ def basic_machine() -> dict[str, object]:
 def benchmark_main(doc: str, sections: dict[str, Callable[[argparse.Namespace],
                                                           Awaitable[list[Figure]]]],
                    title: str, *, quick_help: str = "fewer runs",
-                   machine: Callable[[], dict[str, object]] = basic_machine) -> None:
-    """The command line of a benchmark script whose sections take the parsed arguments."""
+                   machine: Callable[[], dict[str, object]] = basic_machine,
+                   options: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """The command line of a benchmark script whose sections take the parsed arguments;
+    ``options`` adds the script's own."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=quick_help)
+    if options is not None:
+        options(parser)
     run_benchmark(parser, list(sections), title,
                   lambda args: {name: (lambda f=f: f(args)) for name, f in sections.items()},
                   machine)

@@ -234,6 +234,28 @@ def test_save_and_load_resume_with_the_same_version_and_optimizer(tiny_model_dir
         again.load(tmp_path / "nothing")
 
 
+def test_a_snapshot_saves_the_learner_as_it_was_when_taken(tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    config = LearnerConfig(lr=1e-3)
+    learner = Learner(tiny_model_dir, config)
+    learner.step(batch(0))
+    snap = learner.snapshot()
+    before, optimizer = params(learner), copy.deepcopy(learner.optimizer.state_dict())
+    learner.step(batch(1))  # the live weights move on; the snapshot must not
+    learner.step(batch(2))
+    learner.save(tmp_path / "good", snap)
+
+    back = Learner(tiny_model_dir, config)
+    back.load(tmp_path / "good")
+    assert back.version == 1 and learner.version == 3
+    ours = params(back)
+    assert max((ours[k] - before[k]).abs().max().item() for k in before) == 0.0
+    assert max((ours[k] - params(learner)[k]).abs().max().item() for k in ours) > 0
+    for i, moments in optimizer["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(back.optimizer.state_dict()["state"][i][key], value), (i, key)
+
+
 @pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 def test_a_killed_learner_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
                                                            tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from tempering.train.losses import (  # noqa: E402
     aggregate,
     decoupled_ppo_loss,
+    kl_k2,
     kl_k3,
     ppo_clip_loss,
     token_logprobs,
@@ -61,11 +62,13 @@ def test_masked_tokens_contribute_nothing_and_get_zero_gradient() -> None:
         decoupled_ppo_loss(logprobs, garbage, garbage.masked_fill(mask == 0, -90.0),
                            advantages, mask, is_cap=None)[0],
         kl_k3(logprobs, garbage, mask)[0],
+        kl_k2(logprobs, garbage, mask)[0],
     ]
     clean = [
         ppo_clip_loss(logprobs, old, advantages, mask)[0],
         decoupled_ppo_loss(logprobs, old, old, advantages, mask, is_cap=None)[0],
         kl_k3(logprobs, old, mask)[0],
+        kl_k2(logprobs, old, mask)[0],
     ]
     for dirty, expected in zip(losses, clean, strict=True):
         assert torch.isfinite(dirty) and dirty.item() == pytest.approx(expected.item())
@@ -120,6 +123,23 @@ def test_kl_k3_by_hand() -> None:
     assert kl.item() == pytest.approx(k3 / 2)
     assert stats["kl"].item() == pytest.approx(k3 / 2)
     assert kl_k3(ref, ref, mask)[0].item() == 0.0
+
+
+def test_kl_k2_by_hand_and_its_gradient_stays_bounded_where_k3s_explodes() -> None:
+    logprobs = torch.tensor([[0.0, math.log(0.5), math.log(0.2)]])
+    ref = torch.tensor([[5.0, math.log(0.25), math.log(0.2)]])
+    mask = torch.tensor([[0, 1, 1]])
+    kl, stats = kl_k2(logprobs, ref, mask)
+    assert kl.item() == pytest.approx(0.5 * math.log(2) ** 2 / 2)
+    assert stats["kl"].item() == pytest.approx(kl.item())
+    # a stale token the policy has made 1e-6 likely while the reference gives it 0.5
+    logp = torch.tensor([[0.0, math.log(1e-6)]], requires_grad=True)
+    liked = torch.tensor([[0.0, math.log(0.5)]])
+    one = torch.tensor([[0, 1]])
+    (k2_grad,) = torch.autograd.grad(kl_k2(logp, liked, one)[0], logp)
+    (k3_grad,) = torch.autograd.grad(kl_k3(logp, liked, one)[0], logp)
+    assert abs(k2_grad[0, 1].item()) == pytest.approx(math.log(0.5 / 1e-6), rel=1e-4)  # ~13
+    assert abs(k3_grad[0, 1].item()) > 1e5  # 1 - 0.5 / 1e-6
 
 
 def test_aggregation_and_denominators_that_split_a_batch() -> None:

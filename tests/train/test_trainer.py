@@ -4,6 +4,7 @@ acknowledged group or reusing a version number."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -176,3 +177,46 @@ async def test_the_same_config_trains_on_ray(tmp_path, env) -> None:
     assert all(m["staleness_max"] <= m["max_staleness"] for m in result)
     _, rows = query(tmp_path / "ray", "SELECT count(*), max(weights_version) FROM steps")
     assert rows[0][0] >= 2 * 2 * 3 and rows[0][1] <= 2  # every step of every kept episode
+
+
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
+async def test_a_learning_rate_100x_too_high_is_diagnosed_and_rolled_back(tmp_path, env) -> None:
+    from safetensors.torch import load_file
+
+    from tempering.errors import TrainingCollapsed
+    from tempering.train.config import load_config
+    from tempering.train.report import read_collapses, write_report
+    from tempering.train.trainer import Trainer
+
+    # sync: step k's batch is sampled by version k - 1, so the good weights are known exactly
+    config = load_config(None, small(
+        tmp_path, "collapse", "steps=10", "mode=sync", "learner.lr=5e-2",
+        "learner.lr_warmup_steps=0", "collapse.window=1", "collapse.reward_min=0.05",
+        "collapse.stall_s=20", "collapse.max_rollbacks=1"))
+    lines: list[str] = []
+    trainer = Trainer(config, tensorboard=False, say=lines.append)
+    with pytest.raises(TrainingCollapsed, match=r"the run stops \(1 rollbacks already"):
+        await trainer.run()
+    said = [x for x in lines if x.startswith("collapse at step")]
+    assert len(said) == 2, lines  # one rolled back, the second stops the run
+    assert all(len(x.splitlines()) == 1 for x in said)
+    rolled = [x for x in lines if x.startswith("rollback 1 of 1")]
+    assert len(rolled) == 1 and "learning rate x0.5" in rolled[0], lines
+    # the good weights are those that *sampled* the best step: the starting model's, version
+    # 0, not the weights the learner made at that step (the known gap before)
+    assert "(version 0," in rolled[0], rolled[0]
+    good = trainer.run_dir / "checkpoints" / "good"
+    assert json.loads((good / "learner.json").read_text())["version"] == 0
+    start = load_file(str(next(trainer.learner.model_path.glob("*.safetensors"))))
+    kept = load_file(str(next(good.glob("*.safetensors"))))
+    assert all((kept[k] == v).all() for k, v in start.items() if k in kept)
+    # every collapse, a stall between steps too, is in the run's record and its report
+    recorded = read_collapses(trainer.run_dir)
+    assert [c["diagnosis"] for c in recorded] == said
+    assert recorded[0]["action"] == rolled[0] and "the run stops" in recorded[1]["action"]
+    page = write_report(trainer.run_dir).read_text()
+    assert "rollbacks after a collapse" in page and html.escape(said[0]) in page
+    steps = metrics(trainer.run_dir)
+    assert all(m["collapse"] in said for m in steps if "collapse" in m)
+    after = [m for m in steps if m["wall_s"] > recorded[0]["wall_s"]]
+    assert all(m["rollbacks"] == 1 and m["lr"] == pytest.approx(2.5e-2) for m in after)

@@ -65,7 +65,9 @@ class RunState(BaseModel):
     """The best mean reward the collapse detector has seen (``collapse.py``)."""
     entropy_base: float | None = None
     good_step: int | None = None
-    """The step whose weights the good checkpoint holds (0: the starting model)."""
+    """The step at which the good checkpoint was judged good (0: the starting model)."""
+    good_version: int | None = None
+    """The version of the weights the good checkpoint holds: those that sampled its steps."""
 
 
 def step_name(step: int) -> str:

@@ -10,7 +10,7 @@
    rows x longest row; longest samples first so rows of one micro-batch have similar lengths),
    right-padded with an attention mask. Each micro-batch's loss is divided by the whole
    mini-batch's token (or sequence) count, so the accumulated gradient is that of one big batch.
-3. ``decoupled_ppo_loss`` (+ ``kl_coef`` x ``kl_k3`` to a frozen reference), backward, clip the
+3. ``decoupled_ppo_loss`` (+ ``kl_coef`` x ``kl_k2`` to a frozen reference), backward, clip the
    gradient norm, one AdamW step. ``version`` goes up by one per ``step``.
 
 Weights and optimizer state stay in float32 (``dtype="bfloat16"`` autocasts the forward pass
@@ -94,7 +94,11 @@ class LearnerConfig(BaseModel):
     """``truncate`` a weight above ``is_cap`` to it (TIS), or ``mask`` the token (sequence)
     whose weight leaves [1/is_cap, is_cap] out of the loss (MIS)."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the k3 KL penalty to the initial model; 0 loads no reference model."""
+    """Weight of the KL penalty to the initial model (an anchor: the warmed-up model's action
+    format stays likely); 0 loads no reference model."""
+    kl_estimator: Literal["k2", "k3"] = "k2"
+    """The penalty's estimator (``losses.py``): ``k2``, ½ (log-ratio)², whose gradient stays
+    bounded on stale samples; ``k3``, whose gradient grows as e^|log-ratio|."""
     temperature: float = Field(default=1.0, gt=0)
     """The sampling temperature: log-probs are of softmax(logits / temperature), as the engine
     recorded them. Use 1.0 for greedy samples (the engine records untempered log-probs)."""
@@ -137,7 +141,7 @@ class StepStats:
     loss: float
     pg_loss: float
     kl: float
-    """Mean k3 KL to the reference (0 when ``kl_coef`` is 0 and there is none)."""
+    """Mean KL to the reference by ``kl_estimator`` (0 when ``kl_coef`` is 0)."""
     clip_frac: float
     ratio_mean: float
     approx_kl: float
@@ -167,6 +171,15 @@ class StepStats:
     """Learner version minus each sample's (oldest token's) version, mean over samples."""
     staleness_max: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The learner at one version, in host memory (``Learner.snapshot``)."""
+
+    version: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
 
 
 class WeightsSink(Protocol):
@@ -238,7 +251,7 @@ class Learner:
         """One policy update on ``samples``; ``version`` goes up by one."""
         import torch
 
-        from tempering.train.losses import decoupled_ppo_loss, kl_k3
+        from tempering.train.losses import decoupled_ppo_loss, kl_k2, kl_k3
 
         started = time.perf_counter()
         cfg = self.config
@@ -246,6 +259,9 @@ class Learner:
         n_mini = min(cfg.mini_batches, len(samples))
         minis = [list(range(i, len(samples), n_mini)) for i in range(n_mini)] * cfg.epochs
         prox = self._logprobs(samples) if len(minis) > 1 else None
+        # the reference is frozen: its log-probs are computed once, not once per pass
+        ref_all = (self._logprobs(samples, self.ref_model)
+                   if self.ref_model is not None and len(minis) > 1 else None)
         sums: dict[str, torch.Tensor] = {}
         weights = torch.zeros((), device=self.device)  # trained tokens over every pass
         losses = torch.zeros(2, device=self.device)  # (loss, pg_loss) summed over mini-batches
@@ -260,7 +276,8 @@ class Learner:
                                 "token-mean" else max(1, sum(s.tokens > 0 for s in chosen)))
             for group in pack([len(s.ids) for s in chosen], cfg.micro_batch_tokens):
                 batch = collate([chosen[j] for j in group], self.device,
-                                None if prox is None else [prox[mini[j]] for j in group])
+                                None if prox is None else [prox[mini[j]] for j in group],
+                                None if ref_all is None else [ref_all[mini[j]] for j in group])
                 logprobs = self._forward(self.model, batch)  # (B, T)
                 prox_lp = logprobs.detach() if batch.prox is None else batch.prox
                 behav = torch.where(batch.behav.isnan(), prox_lp, batch.behav)
@@ -273,10 +290,13 @@ class Learner:
                 is_max = stats.pop("is_weight_max")
                 loss = pg_loss
                 if self.ref_model is not None:
-                    with torch.no_grad():
-                        ref = self._forward(self.ref_model, batch)
-                    kl_loss, kl_stats = kl_k3(logprobs, ref, batch.mask, loss_agg=cfg.loss_agg,
-                                              denominator=denominator)
+                    ref = batch.ref
+                    if ref is None:
+                        with torch.no_grad():
+                            ref = self._forward(self.ref_model, batch)
+                    penalty = kl_k2 if cfg.kl_estimator == "k2" else kl_k3
+                    kl_loss, kl_stats = penalty(logprobs, ref, batch.mask,
+                                                loss_agg=cfg.loss_agg, denominator=denominator)
                     loss = loss + cfg.kl_coef * kl_loss
                     stats |= kl_stats
                 loss.backward()  # type: ignore[no-untyped-call]
@@ -331,15 +351,17 @@ class Learner:
         self._check(samples)
         return [row.tolist() for row in self._logprobs(samples)]
 
-    def _logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        """Per sample a (T_i,) tensor of log-probs, without gradient."""
+    def _logprobs(self, samples: Sequence[Sample], model: Any = None) -> list[torch.Tensor]:
+        """Per sample a (T_i,) tensor of log-probs under ``model`` (None: the one trained),
+        without gradient."""
         import torch
 
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         with torch.no_grad():
             for group in pack([len(s.ids) for s in samples], self.config.micro_batch_tokens):
                 batch = collate([samples[i] for i in group], self.device)
-                logprobs = torch.where(batch.mask, self._forward(self.model, batch), 0.0)
+                logprobs = torch.where(batch.mask, self._forward(model or self.model, batch),
+                                       0.0)
                 for row, i in enumerate(group):
                     out[i] = logprobs[row, :len(samples[i].ids)]
         return out
@@ -390,8 +412,28 @@ class Learner:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write model, optimizer and version to ``path`` atomically; returns the path."""
+    def snapshot(self) -> Snapshot:
+        """A copy of the learner as it is now (weights, optimizer state, version) in host
+        memory, for ``save`` to write later: the trainer keeps the weights that sampled a good
+        stretch of a run, which are some versions behind the learner by the time it is judged.
+        Costs host memory of about three times the model (weights and Adam's two moments)."""
+        import torch
+
+        def host(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.detach().to("cpu", copy=True)
+            if isinstance(value, dict):
+                return {k: host(v) for k, v in value.items()}
+            if isinstance(value, list | tuple):
+                return type(value)(host(v) for v in value)
+            return value
+
+        return Snapshot(self.version, host(dict(self.model.state_dict())),
+                        host(self.optimizer.state_dict()))
+
+    def save(self, path: str | os.PathLike[str], snapshot: Snapshot | None = None) -> Path:
+        """Write model, optimizer and version to ``path`` atomically; returns the path. With
+        ``snapshot``, what it holds instead of the learner's state now."""
         import torch
 
         out = Path(path).resolve()
@@ -401,14 +443,19 @@ class Learner:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         old = out.parent / f".{out.name}.old"
         try:
-            self.model.save_pretrained(tmp)
+            if snapshot is None:
+                self.model.save_pretrained(tmp)
+            else:
+                self.model.save_pretrained(tmp, state_dict=snapshot.weights)
             for pattern in _TOKENIZER_FILES:  # so that an engine can load the checkpoint
                 for f in self.model_path.glob(pattern):
                     if f.is_file():
                         shutil.copy2(f, tmp / f.name)
-            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            torch.save(self.optimizer.state_dict() if snapshot is None else snapshot.optimizer,
+                       tmp / OPTIMIZER_FILE)
             (tmp / STATE_FILE).write_text(json.dumps({
-                "version": self.version, "base_model": str(self.model_path),
+                "version": self.version if snapshot is None else snapshot.version,
+                "base_model": str(self.model_path),
                 "config": self.config.model_dump(mode="json")}, indent=2) + "\n")
             _fsync(*(f for f in tmp.iterdir() if f.is_file()), tmp)
             if out.exists():

@@ -39,6 +39,8 @@ from tempering.errors import ConfigError
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 REPORT_FILE = "report.html"
+COLLAPSES_FILE = "collapses.jsonl"
+"""Every collapse the trainer detected and what it did (a rollback, or the run's end)."""
 
 Metrics = Sequence[Mapping[str, Any]]
 
@@ -80,6 +82,15 @@ def _read(path: Path) -> tuple[list[dict[str, Any]], int]:
     return [by_step[s] for s in sorted(by_step)], unreadable
 
 
+def read_collapses(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every collapse recorded in the run's ``collapses.jsonl``, in order (none: [])."""
+    try:
+        text = Path(run_dir, COLLAPSES_FILE).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return [r for r in map(_parse, text.splitlines()) if r is not None]
+
+
 def _parse(line: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
@@ -118,7 +129,8 @@ def summary(metrics: Metrics) -> dict[str, Any]:
     steps (at least one step each); ``staleness_max`` (the largest observed) against
     ``max_staleness`` (the configured bound, as of the latest line); ``learner_idle_frac``
     (mean over steps); ``samples_per_s`` (samples trained over the wall time);
-    ``dropped_stale`` and ``dropped_filtered`` (cumulative, as of the latest line).
+    ``dropped_stale`` and ``dropped_filtered`` (cumulative, as of the latest line);
+    ``rollbacks`` (after a collapse, as of the latest line).
     """
     fifth = max(1, len(metrics) // 5)
     wall = _values(metrics, "wall_s")
@@ -141,6 +153,7 @@ def summary(metrics: Metrics) -> dict[str, Any]:
         "samples_per_s": sum(samples) / wall[-1] if samples and wall and wall[-1] > 0 else None,
         "dropped_stale": last("dropped_stale"),
         "dropped_filtered": last("dropped_filtered"),
+        "rollbacks": last("rollbacks"),
     }
 
 
@@ -151,7 +164,8 @@ _HEADLINE = (("mode", "mode"), ("steps", "learner steps"), ("wall_s", "wall time
              ("max_staleness", "staleness bound (max_staleness)"),
              ("learner_idle_frac", "learner idle fraction, mean"),
              ("samples_per_s", "samples/s, overall"), ("dropped_stale", "groups dropped stale"),
-             ("dropped_filtered", "groups dropped by filters"))
+             ("dropped_filtered", "groups dropped by filters"),
+             ("rollbacks", "rollbacks after a collapse"))
 
 
 def _fmt(value: Any) -> str:
@@ -306,10 +320,16 @@ pre{background:#f6f6f6;padding:12px;overflow:auto}"""
 
 
 def _page(title: str, head: Mapping[str, Any], config: str | None,
-          sections: Sequence[tuple[str, list[str]]], unreadable: int) -> str:
+          sections: Sequence[tuple[str, list[str]]], unreadable: int,
+          collapses: Sequence[Mapping[str, Any]] = ()) -> str:
     e = html.escape
     rows = "".join(f'<tr><td>{e(label)}</td><td class="v">{e(_fmt(head.get(key)))}</td></tr>'
                    for key, label in _HEADLINE)
+    if collapses:
+        rows += "".join(
+            f"<tr><td>collapse at step {e(str(c.get('step')))}</td><td>"
+            f"{e(str(c.get('diagnosis')))}<br>{e(str(c.get('action')))}</td></tr>"
+            for c in collapses)
     note = (f'<p class="note">{unreadable} unreadable line(s) in {METRICS_FILE} skipped '
             f"(a writer killed mid-line).</p>" if unreadable else "")
     body = "".join(f"<section><h2>{e(name)}</h2>{''.join(svgs)}</section>"
@@ -337,8 +357,9 @@ def write_report(run_dir: str | os.PathLike[str], *, title: str | None = None) -
         config: str | None = (run / CONFIG_FILE).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         config = None
+    collapses = read_collapses(run)
     page = _page(title or f"Tempering run {run.resolve().name}", summary(metrics), config,
-                 _charts(metrics), unreadable)
+                 _charts(metrics), unreadable, collapses)
     out = run / REPORT_FILE
     # a unique name: two writers never share a temp file; opened normally so the umask applies
     tmp = run / f".{REPORT_FILE}.{uuid.uuid4().hex}.tmp"

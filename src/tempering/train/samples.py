@@ -180,11 +180,14 @@ class Batch:
     behav: torch.Tensor  # (B, T) float32 behaviour log-probs, NaN where unknown
     advantages: torch.Tensor  # (B,)
     prox: torch.Tensor | None  # (B, T) float32 π_prox log-probs, if computed beforehand
+    ref: torch.Tensor | None = None  # (B, T) float32 reference log-probs, if computed before
 
 
 def collate(chosen: Sequence[Sample], device: torch.device,
-            prox: Sequence[torch.Tensor] | None = None) -> Batch:
-    """``chosen`` as one ``Batch``; ``prox`` holds one (T_i,) tensor per sample if given."""
+            prox: Sequence[torch.Tensor] | None = None,
+            ref: Sequence[torch.Tensor] | None = None) -> Batch:
+    """``chosen`` as one ``Batch``; ``prox`` and ``ref`` hold one (T_i,) tensor per sample
+    if given."""
     import torch
 
     shape = (len(chosen), max(len(s.ids) for s in chosen))
@@ -198,10 +201,18 @@ def collate(chosen: Sequence[Sample], device: torch.device,
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
         behav[row, :n] = torch.tensor(s.logprobs)
-    padded = None
-    if prox is not None:
-        padded = torch.zeros(shape, dtype=torch.float32, device=device)
-        for row, p in enumerate(prox):
-            padded[row, :len(p)] = p
     return Batch(ids.to(device), attention.to(device), mask.to(device), behav.to(device),
-                 torch.tensor([s.advantage for s in chosen], device=device), padded)
+                 torch.tensor([s.advantage for s in chosen], device=device),
+                 _padded(prox, shape, device), _padded(ref, shape, device))
+
+
+def _padded(rows: Sequence[torch.Tensor] | None, shape: tuple[int, int],
+            device: torch.device) -> torch.Tensor | None:
+    import torch
+
+    if rows is None:
+        return None
+    out = torch.zeros(shape, dtype=torch.float32, device=device)
+    for row, values in enumerate(rows):
+        out[row, :len(values)] = values
+    return out

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -44,9 +45,10 @@ from tempering.train.batches import Batch
 from tempering.train.buffer import ReplayBuffer
 from tempering.train.collapse import Collapse, CollapseDetector
 from tempering.train.config import TrainConfig, dump_config, validate_config
-from tempering.train.learner import Learner, StepStats
+from tempering.train.learner import Learner, Snapshot, StepStats
 from tempering.train.metrics import Interval, MetricsLog
-from tempering.train.report import CONFIG_FILE
+from tempering.train.report import COLLAPSES_FILE, CONFIG_FILE
+from tempering.train.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class Trainer:
         self._errors = 0
         self.rollbacks = 0
         self._good_step: int | None = None
+        self._good_version: int | None = None
+        self._snapshots: dict[int, Snapshot] = {}  # version -> the learner before its step
         self._stall: asyncio.Future[Collapse] | None = None
         self._filtered_at_step = 0  # the buffer's filtered drops at the last step
         self.recovered = 0
@@ -98,6 +102,7 @@ class Trainer:
                                          entropy_base=state.entropy_base if state else None)
         if state is not None:
             self.rollbacks, self._good_step = state.rollbacks, state.good_step
+            self._good_version = state.good_version
             self.learner.lr_scale = state.lr_scale
         self._filtered_at_step = self.buffer.stats().dropped["filtered"]
         self._wall_before = state.wall_s if state else 0.0
@@ -261,7 +266,7 @@ class Trainer:
 
     async def _train(self, batch: Batch, waited: float) -> None:
         samples = self.learner.make_samples(batch.trajectories)
-        stats = await asyncio.to_thread(self.learner.step, samples)
+        stats = await asyncio.to_thread(self._step, samples)
         self.step += 1
         self.buffer.set_version(self.learner.version)
         if self._busy_from is None:  # the first batch's wait is the pipeline filling up
@@ -279,10 +284,32 @@ class Trainer:
             await self._collapsed(collapse)  # checkpoints and publishes what it rolls back to
             return
         if good and self.config.on_collapse == "rollback":
-            await self._save_good()
+            await self._save_good(self._sampler_of_window())
         if self.step % self.config.checkpoint_every == 0 or self._finished():
             await self._checkpoint()
         await self._publish()
+
+    def _step(self, samples: list[Sample]) -> StepStats:
+        """``Learner.step``, keeping a snapshot of the weights it starts from when the run
+        may roll back: the weights a good stretch of steps is judged by are those that
+        *sampled* it, some versions behind the learner (``_sampler_of_window``)."""
+        if self.config.on_collapse == "rollback":
+            self._snapshots[self.learner.version] = self.learner.snapshot()
+            keep = self.config.collapse.window + self.config.max_staleness + 1
+            for version in sorted(self._snapshots)[:-keep]:
+                del self._snapshots[version]
+        return self.learner.step(samples)
+
+    def _sampler_of_window(self) -> Snapshot | None:
+        """The kept weights that sampled the detector's window of steps: its median step's
+        batch, which the learner's weights of ``staleness`` versions before it sampled."""
+        window = self.detector.lines[-self.config.collapse.window:]
+        if not window or not self._snapshots:
+            return None
+        middle = window[(len(window) - 1) // 2]
+        wanted = int(middle["version"]) - 1 - round(float(middle["staleness_mean"]))
+        older = [v for v in self._snapshots if v <= wanted]
+        return self._snapshots[max(older) if older else min(self._snapshots)]
 
     def _finished(self) -> bool:
         """``steps`` done, or ``target_reward`` reached (over the steps logged, resumed too)."""
@@ -372,16 +399,19 @@ class Trainer:
             busy_from_s=self._busy_from or 0.0, tasks_drawn=self._tasks_drawn,
             buffer=self.buffer.state_dict(), rollbacks=self.rollbacks,
             lr_scale=self.learner.lr_scale, best_reward=self.detector.best,
-            entropy_base=self.detector.entropy_base, good_step=self._good_step)
+            entropy_base=self.detector.entropy_base, good_step=self._good_step,
+            good_version=self._good_version)
         await asyncio.to_thread(checkpoints.write, self.run_dir, state, self.learner.save,
                                 keep=self.config.keep_checkpoints)
 
     # ---- collapse ---------------------------------------------------------------------------
 
-    async def _save_good(self) -> None:
-        """Keep the learner's weights now as the last good point a rollback returns to."""
-        await asyncio.to_thread(self.learner.save, self._good_dir())
+    async def _save_good(self, snapshot: Snapshot | None = None) -> None:
+        """Keep ``snapshot`` (None: the learner's weights now) as the last good point a
+        rollback returns to."""
+        await asyncio.to_thread(self.learner.save, self._good_dir(), snapshot)
         self._good_step = self.step
+        self._good_version = self.learner.version if snapshot is None else snapshot.version
 
     def _good_dir(self) -> Path:
         return self.run_dir / checkpoints.CHECKPOINTS_DIR / checkpoints.GOOD_DIR
@@ -395,8 +425,10 @@ class Trainer:
             await self._checkpoint()
             why = ("on_collapse is stop" if cfg.on_collapse == "stop" else
                    f"{self.rollbacks} rollbacks already (collapse.max_rollbacks)")
+            self._record(collapse, f"the run stops ({why})")
             raise TrainingCollapsed(f"{collapse.line}; the run stops ({why})")
         if self._good_step is None:
+            self._record(collapse, "the run stops (no good checkpoint to roll back to)")
             raise TrainingCollapsed(f"{collapse.line}; no good checkpoint to roll back to")
         version = self.learner.version
         await asyncio.to_thread(self.learner.load, self._good_dir())
@@ -405,6 +437,7 @@ class Trainer:
         self.learner.version = version + 1
         self.learner.lr_scale *= cfg.collapse.lr_factor
         self.rollbacks += 1
+        self._snapshots.clear()  # weights of the collapsed stretch
         self.buffer.set_version(self.learner.version)
         dropped = self.buffer.discard_before(self.learner.version)
         self.detector.reset()
@@ -412,11 +445,22 @@ class Trainer:
         self._filtered_at_step = self.buffer.stats().dropped["filtered"]
         await self._checkpoint()
         await self._publish()
-        self.say(f"rollback {self.rollbacks} of {cfg.collapse.max_rollbacks}: the weights of "
-                 f"step {self._good_step} (best mean reward {self.detector.best or 0:.2f}) "
-                 f"published as version {self.learner.version}, learning rate x"
-                 f"{self.learner.lr_scale:g}; {dropped} buffered groups of the collapsed "
-                 "weights dropped")
+        action = (f"rollback {self.rollbacks} of {cfg.collapse.max_rollbacks}: the weights "
+                  f"that sampled the best steps (version {self._good_version}, judged at step "
+                  f"{self._good_step}, best mean reward {self.detector.best or 0:.2f}) "
+                  f"published as version {self.learner.version}, learning rate x"
+                  f"{self.learner.lr_scale:g}; {dropped} buffered groups of the collapsed "
+                  "weights dropped")
+        self._record(collapse, action)
+        self.say(action)
+
+    def _record(self, collapse: Collapse, action: str) -> None:
+        """Append the collapse and what was done about it to ``collapses.jsonl`` (the run's
+        record of every collapse, a stall between steps too; the report lists them)."""
+        line = {"step": collapse.step, "check": collapse.check, "wall_s": round(self._wall(), 3),
+                "diagnosis": collapse.line, "action": action}
+        with open(self.run_dir / COLLAPSES_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
 
     def _resume(self) -> checkpoints.RunState | None:
         found = checkpoints.latest(self.run_dir)
