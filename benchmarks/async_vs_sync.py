@@ -1,6 +1,6 @@
 """Asynchronous against synchronous RL on a long-tail environment, side by side in one run.
 
-    python benchmarks/async_vs_sync.py [--quick] [--json FILE]
+    python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--staleness 3,4] [--json FILE]
 
 Both runs are ``tempering train`` runs (``Trainer``) of one config that differs only in
 ``mode``: the same tiny model, warmed up once (cached) and the same for both, the same tasks,
@@ -29,6 +29,14 @@ runs use a quarter, 1.25e-4 (a 24-step async run: 0.89 by step 15 and 0.87-0.94 
   idle 22% over 20 steps), at 4 the samples were so stale that async learned about half as
   much per step (two of three runs never reached R*); 3 kept it busy (idle 1.8%) and learning
   (0.84 by step 10).
+
+Seeds (``--seeds N``): seed s (0 .. N-1) sets ``seed`` and ``model.tiny.seed``, so each seed
+has its own tiny model and warm-up (each built once, ~3 min, then cached); sampling is not
+seeded, and an async run's course depends on timing, so no run repeats exactly. For each seed,
+sync runs first, then async at each bound of ``--staleness`` trained to that seed's R*. Every
+run is printed in a table (R*, time and steps to it, seconds a step, learner idle, largest
+staleness, final reward, rollbacks), and each figure is the median over the seeds with its
+spread (min-max) in brackets; a run that never reached R* counts as a miss (ratio 0).
 
 Figures: R* is the sync run's final reward (mean ``reward_mean`` over its last fifth of steps,
 k steps). Time to R* is, for each run, the first wall time at which the mean reward of its last
@@ -166,15 +174,19 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
         for seed in range(args.seeds):
             runs += await one_seed(seed, steps, args.staleness, Path(tmp))
+    return report(summarise(runs, args.seeds, args.staleness))
+
+
+def summarise(runs: list[Run], n: int, bounds: list[int]) -> list[Figure]:
+    """Every run in a table, then the figures over the seeds."""
     by = {label: [r for r in runs if r.label == label]
-          for label in ["sync", *(f"async{b}" for b in args.staleness)]}
+          for label in ["sync", *(f"async{b}" for b in bounds)]}
     console.print(f"  {'run':<8} {'seed':>4} {'R*':>6} {'to R* s':>8} {'steps':>6} "
                   f"{'s/step':>7} {'idle':>6} {'stale':>6} {'final':>6} {'rollbacks':>9}")
     for r in runs:
         console.print(f"  {r.label:<8} {r.seed:>4} {r.target:>6.3f} {r.time_to:>8.0f} "
                       f"{r.steps_to:>6.0f} {r.per_step:>7.1f} {r.idle:>6.1%} "
                       f"{r.staleness_max:>3}/{r.bound:<2} {r.final:>6.3f} {r.rollbacks:>9}")
-    n = args.seeds
     sync = by["sync"]
     median = statistics.median
     figures = [Figure("learning", f"sync's final reward R*, median of {n} "
@@ -182,7 +194,7 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
                       median(r.target for r in sync), "", relative=False),
                Figure("speed", "wall time per step: sync, median", median(
                    r.per_step for r in sync), "s", relative=False)]
-    for bound in args.staleness:
+    for bound in bounds:
         label = f"async{bound}"
         mine = by[label]
         ratios = [s.time_to / a.time_to if a.reached else 0.0 for s, a in zip(
@@ -209,7 +221,7 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
             Figure("learning", f"{label}: rollbacks after a collapse, all seeds", sum(
                 r.rollbacks for r in mine), "", relative=False),
         ]
-    return report(figures)
+    return figures
 
 
 def options(parser: argparse.ArgumentParser) -> None:
