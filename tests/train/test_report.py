@@ -208,3 +208,25 @@ def test_a_single_step_and_a_constant_series_still_draw(tmp_path: Path) -> None:
     assert all(c.findall(f"{SVG}circle") for c in charts)  # one point each, drawn as a dot
     head = summary([line])
     assert head["reward_first"] == head["reward_last"] == line["reward_mean"]
+
+
+def test_rollbacks_are_in_the_headline_the_collapse_list_and_the_train_summary(
+        tmp_path: Path) -> None:
+    from tempering.train.commands import _summary_line
+    from tempering.train.report import COLLAPSES_FILE, read_collapses
+
+    lines = metrics_lines(12)
+    for m in lines:
+        m["rollbacks"] = int(m["step"] > 6)
+    run = write_run(tmp_path, lines)
+    collapse = {"step": 6, "check": "format", "wall_s": 9.0, "diagnosis": "collapse at step 6 "
+                "(format): 60% of tool calls <malformed>", "action": "rollback 1 of 3: ..."}
+    (run / COLLAPSES_FILE).write_text(json.dumps(collapse) + "\n" + "{cut sh")
+    assert read_collapses(run) == [collapse]  # a line cut short is not a record
+    head = summary(load_metrics(run))
+    assert head["rollbacks"] == 1
+    assert _summary_line(head).endswith("1 rollback(s) after a collapse (collapses.jsonl)")
+    page = write_report(run).read_text()
+    assert "rollbacks after a collapse" in page
+    assert "60% of tool calls &lt;malformed&gt;" in page and "<malformed>" not in page
+    assert "rollback" not in _summary_line(summary(metrics_lines(12)))

@@ -75,7 +75,8 @@ def _summary_line(s: dict[str, Any]) -> str:
             f"{fmt(s['reward_first'], '.2f')} (first fifth) -> {fmt(s['reward_last'], '.2f')} "
             f"(last fifth); staleness max {s['staleness_max']} <= {s['max_staleness']}; learner "
             f"idle {fmt(s['learner_idle_frac'], '.1%')}; {fmt(s['samples_per_s'], '.1f')} "
-            "samples/s")
+            "samples/s" + (f"; {s['rollbacks']} rollback(s) after a collapse (collapses.jsonl)"
+                           if s.get("rollbacks") else ""))
 
 
 def add_train_command(commands: Any) -> None:
