@@ -4,6 +4,9 @@ words are the model's guesses."""
 
 from __future__ import annotations
 
+import json
+import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,14 @@ from tempering.agent.tools import tools_named
 from tempering.policy.base import SamplingParams
 from tempering.reward import Grader
 from tempering.tasks.builtin import CODEBOOK, switchboard
-from tempering.train.warmup import switchboard_transcript, tokenize, warm_up
+from tempering.train.warmup import (
+    WARMUP_FILE,
+    _balanced,
+    format_probabilities,
+    switchboard_transcript,
+    tokenize,
+    warm_up,
+)
 
 SYSTEM = "You act in a sandbox with tools. Call submit when done."
 TOOLS = ["read_file", "write_file", "submit"]
@@ -31,6 +41,48 @@ def test_transcripts_train_only_the_assistants_tokens(tiny_model_dir: Path) -> N
     assert "codes.txt lists" not in trained and "echo red" not in trained  # prompt, observations
 
 
+def test_every_task_gets_every_word_equally_often() -> None:
+    """A random draw of words leaves one sign's answers lopsided (seed 1's warm-up gave
+    main's word 2% where echo's got 42% at temperature 0.4), and RL never recovered it."""
+    tasks = switchboard(layouts=2)
+    pairs = Counter((task.id, word) for task, word in _balanced(tasks, 96, random.Random(1)))
+    assert len(pairs) == len(tasks) * len(CODEBOOK) == 32
+    assert set(pairs.values()) == {3}
+    partial = Counter(task.id for task, _ in _balanced(tasks, 40, random.Random(1)))
+    assert sum(partial.values()) == 40 and max(partial.values()) <= 8  # 1 round + 8 of 32
+
+
+def _format(model_dir: Path, tasks: list, temperature: float) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    return format_probabilities(model, tokenizer, tasks, system_prompt=SYSTEM,
+                                tools=tools_named(TOOLS), tool_names=TOOLS,
+                                temperature=temperature)
+
+
+def test_an_untrained_model_writes_no_episode_well_formed(tiny_model_dir: Path) -> None:
+    tasks = switchboard(layouts=1)
+    formats = _format(tiny_model_dir, tasks, 1.0)
+    assert set(formats) == {t.id for t in tasks}
+    assert all(0 <= p < 1e-6 for p in formats.values())
+
+
+def test_a_warm_up_short_of_format_min_stops_at_max_steps(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    tasks = switchboard(layouts=1)
+    steps: list[int] = []
+    warmed = warm_up(tiny_model_dir, tmp_path / "warm", tasks, system_prompt=SYSTEM,
+                     tools=tools_named(TOOLS), steps=4, batch=2, demos=16,
+                     progress=lambda step, loss: steps.append(step), temperature=0.4,
+                     format_min=0.999, max_steps=9)
+    record = json.loads((warmed / WARMUP_FILE).read_text())
+    assert steps == list(range(9)) and record["steps"] == 9
+    assert record["format"] == pytest.approx(_format(warmed, tasks, 0.4), rel=1e-4)
+    assert max(record["format"].values()) < 0.999
+
+
 @pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow)
 async def test_after_warm_up_episodes_are_well_formed(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
@@ -40,8 +92,12 @@ async def test_after_warm_up_episodes_are_well_formed(tiny_model_dir: Path,
     losses: list[float] = []
     warmed = warm_up(tiny_model_dir, tmp_path / "warm", tasks, system_prompt=SYSTEM,
                      tools=tools_named(TOOLS), steps=100, batch=8, demos=64,
-                     progress=lambda step, loss: losses.append(loss))
+                     progress=lambda step, loss: losses.append(loss), temperature=0.4,
+                     format_min=0.9, max_steps=600)
     assert losses[-1] < 0.2 * losses[0]
+    record = json.loads((warmed / WARMUP_FILE).read_text())
+    assert 100 <= record["steps"] < 600 and len(losses) == record["steps"]
+    assert min(record["format"].values()) >= 0.9  # checked against, so it stopped there
     config = EpisodeConfig(system_prompt=SYSTEM, tools=TOOLS, max_turns=4,
                            sampling=SamplingParams(temperature=0.0, max_tokens=40))
     async with LocalEngine(warmed) as engine, Grader() as grader:

@@ -47,7 +47,13 @@ class WarmupConfig(_Frozen):
     Answers in its transcripts are random, so RL still starts from chance."""
 
     steps: int = Field(default=200, ge=0)
-    """Optimizer steps; 0 skips the warm-up (a model that already calls tools)."""
+    """Optimizer steps at least; 0 skips the warm-up (a model that already calls tools)."""
+    format_min: float | None = Field(default=0.9, gt=0, le=1)
+    """Train on, past ``steps``, until every task's episode is written in the right format
+    with at least this probability at the sampling temperature (the path copied from the
+    instruction included; the answer word excluded); None: ``steps`` steps, unchecked."""
+    max_steps: int = Field(default=1000, ge=1)
+    """The most steps ``format_min`` may take; short of it, the run warns and goes on."""
     batch: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0)
     demos: int = Field(default=256, ge=1)

@@ -32,6 +32,10 @@ from tempering.tasks.task import Task
 if TYPE_CHECKING:
     from tempering.train.config import TrainConfig
 
+WARMUP_FILE = "tempering-warmup.json"
+"""Written into a warmed-up model's directory: the settings, the steps taken and the format
+probability of every task at the end (``format_probabilities``)."""
+
 
 def switchboard_transcript(task: Task, word: str, *, system_prompt: str,
                            tools: Sequence[str] = ("read_file", "write_file", "submit"),
@@ -92,9 +96,17 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
             steps: int = 100, batch: int = 16, lr: float = 3e-3, seed: int = 0,
             demos: int = 256, progress: Callable[[int, float], None] | None = None,
             tool_names: Sequence[str] = ("read_file", "write_file", "submit"),
-            device: str = "cpu") -> Path:
+            device: str = "cpu", temperature: float = 1.0, format_min: float | None = None,
+            max_steps: int | None = None) -> Path:
     """Train ``model_dir``'s model on random-answer transcripts of ``tasks``; save to
     ``out_dir`` (written aside, then renamed into place). Returns ``out_dir``.
+
+    The transcripts are balanced: every task with every word equally often (as near as
+    ``demos`` allows), so the model's answers start at chance for every call sign rather than
+    at whatever imbalance a random draw left (which sampling at a low temperature sharpens).
+    ``format_min``: after ``steps``, train on (checking every quarter of ``steps``) until
+    ``format_probabilities`` at ``temperature`` is at least this for every task, or
+    ``max_steps``. The figures at the end go into ``tempering-warmup.json``.
 
     ``tools`` are the schemas the prompt describes (empty: none are described, see
     ``EpisodeConfig.describe_tools``); the transcripts call the tools they name, or
@@ -107,20 +119,29 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # callers show progress
     if steps < 1 or batch < 1 or demos < 1:
         raise ConfigError(f"steps={steps}, batch={batch}, demos={demos}: each must be >= 1")
+    last = max(steps, max_steps or steps)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     model.to(device)
-    words = sorted(CODEBOOK.values())
     names = [t["function"]["name"] for t in tools] if tools else list(tool_names)
     data = [tokenize(tokenizer, switchboard_transcript(
-        rng.choice(list(tasks)), rng.choice(words), system_prompt=system_prompt, tools=names),
-        tools) for _ in range(demos)]
+        task, word, system_prompt=system_prompt, tools=names), tools)
+        for task, word in _balanced(tasks, demos, rng)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def check() -> dict[str, float]:
+        return format_probabilities(model, tokenizer, tasks, system_prompt=system_prompt,
+                                    tools=tools, tool_names=names, temperature=temperature)
+
     model.train()
-    for step in range(steps):
+    every, trained = max(1, steps // 4), 0
+    for step in range(last):
+        if step >= steps and (step - steps) % every == 0 and (
+                format_min is None or min(check().values()) >= format_min):
+            break
         chosen = [data[rng.randrange(len(data))] for _ in range(batch)]
         width = max(len(ids) for ids, _ in chosen)
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chosen],
@@ -135,20 +156,70 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
+        trained = step + 1
         if progress is not None:
             progress(step, float(loss.detach()))
+    formats = check()
     model.to("cpu").eval()
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "tempering-warmup.json").write_text(json.dumps({
-        "base": str(model_dir), "steps": steps, "batch": batch, "lr": lr, "seed": seed,
-        "demos": demos, "finished_at": time.time()}) + "\n")
+    (tmp / WARMUP_FILE).write_text(json.dumps({
+        "base": str(model_dir), "steps": trained, "batch": batch, "lr": lr, "seed": seed,
+        "demos": demos, "temperature": temperature, "format_min": format_min,
+        "format": formats, "finished_at": time.time()}) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
+    return out
+
+
+def _balanced(tasks: Sequence[Task], demos: int, rng: random.Random) -> list[tuple[Task, str]]:
+    """``demos`` (task, word) pairs taking every pair in turn, each round in a new order."""
+    pairs = [(task, word) for task in tasks for word in sorted(CODEBOOK.values())]
+    out: list[tuple[Task, str]] = []
+    while len(out) < demos:
+        rng.shuffle(pairs)
+        out += pairs[:demos - len(out)]
+    return out
+
+
+def format_probabilities(model: Any, tokenizer: Any, tasks: Sequence[Task], *,
+                         system_prompt: str, tools: list[dict[str, Any]],
+                         tool_names: Sequence[str], temperature: float = 1.0
+                         ) -> dict[str, float]:
+    """Task id -> the probability, under softmax(logits / ``temperature``), that the model
+    writes each of its turns of the task's transcript token for token, the answer word
+    excepted: how likely an episode at that temperature comes out well formed, the call
+    sign's file name (copied from the instruction) included. The word's tokens are found as
+    those that differ between the transcript answered with two different words."""
+    import torch
+
+    first, second = sorted(CODEBOOK.values())[:2]
+    was_training = model.training
+    model.eval()
+    out: dict[str, float] = {}
+    try:
+        for task in tasks:
+            ids, mask = tokenize(tokenizer, switchboard_transcript(
+                task, first, system_prompt=system_prompt, tools=tool_names), tools)
+            other, _ = tokenize(tokenizer, switchboard_transcript(
+                task, second, system_prompt=system_prompt, tools=tool_names), tools)
+            if len(other) != len(ids):
+                raise ConfigError(f"the code words {first!r} and {second!r} tokenize to "
+                                  "different lengths: each must be one token")
+            keep = [m and a == b for m, a, b in zip(mask, ids, other, strict=True)]
+            device = next(model.parameters()).device
+            x = torch.tensor([ids], device=device)
+            with torch.no_grad():
+                logits = model(x).logits[0, :-1].float() / temperature  # (T-1, V)
+            picked = torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0]  # (T-1,)
+            kept = torch.tensor(keep[1:], dtype=torch.bool, device=device)
+            out[task.id] = float(picked[kept].sum().exp())
+    finally:
+        model.train(was_training)
     return out
 
 
@@ -177,30 +248,58 @@ def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str]
                           "model.warmup.steps=0, or give model.path")
     names = config.episode.tools
     tools = tools_named(names) if config.episode.describe_tools else []
+    temperature = config.episode.sampling.temperature or 1.0  # greedy: checked at 1, stricter
     key = {"tiny": tiny, "warmup": model.warmup.model_dump(), "tools": names,
            "system": config.episode.system_prompt, "described": config.episode.describe_tools,
-           "tasks": sorted(t.id.split(":")[0] for t in tasks), "seed": config.seed}
+           "tasks": sorted(t.id.split(":")[0] for t in tasks), "seed": config.seed,
+           "temperature": temperature}
     out = cache / f"warm-{_digest(key)}"
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs starting together warm up once
-        if (out / "tempering-warmup.json").is_file():
+        if (out / WARMUP_FILE).is_file():
             say(f"tool-format warm-up: reusing {out}")
+            _say_format(out, say)
             return out
         w = model.warmup
-        say(f"tool-format warm-up: {w.steps} steps of {w.batch} transcripts (cached in {out})")
+        until = ("" if w.format_min is None else
+                 f", then on until every task is well formed with p >= {w.format_min:g} at "
+                 f"temperature {temperature:g} (at most {w.max_steps})")
+        say(f"tool-format warm-up: {w.steps} steps of {w.batch} transcripts{until} "
+            f"(cached in {out})")
         started = time.monotonic()
 
         def progress(step: int, loss: float) -> None:
-            if (step + 1) % max(1, w.steps // 5) == 0 or step + 1 == w.steps:
-                say(f"  warm-up step {step + 1}/{w.steps}  loss {loss:.3f}  "
+            if (step + 1) % max(1, w.steps // 5) == 0:
+                say(f"  warm-up step {step + 1}  loss {loss:.3f}  "
                     f"{time.monotonic() - started:.0f}s")
 
-        return warm_up(base, out, tasks, system_prompt=config.episode.system_prompt,
-                       tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=config.seed,
-                       demos=w.demos, progress=progress,
-                       tool_names=[t["function"]["name"] for t in tools_named(names)],
-                       device=config.learner.device)
+        warm_up(base, out, tasks, system_prompt=config.episode.system_prompt,
+                tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=config.seed,
+                demos=w.demos, progress=progress,
+                tool_names=[t["function"]["name"] for t in tools_named(names)],
+                device=config.learner.device, temperature=temperature,
+                format_min=w.format_min, max_steps=w.max_steps)
+        _say_format(out, say)
+        return out
+
+
+def _say_format(out: Path, say: Callable[[str], None]) -> None:
+    """One line: the warmed-up model's format probability, worst task named; a warning when
+    it is short of the ``format_min`` it was trained to."""
+    record = json.loads((out / WARMUP_FILE).read_text())
+    formats: dict[str, float] = record.get("format") or {}
+    if not formats:
+        return
+    worst = min(formats, key=formats.__getitem__)
+    line = (f"  warm-up: {record['steps']} steps, episodes well formed with p "
+            f"{min(formats.values()):.3f} (worst: {worst}) to {max(formats.values()):.3f} at "
+            f"temperature {record['temperature']:g}")
+    wanted = record.get("format_min")
+    if wanted is not None and formats[worst] < wanted:
+        line += (f"; WARNING: short of format_min {wanted:g}, so RL may never see a reward on "
+                 f"{worst} (raise model.warmup.max_steps or lr)")
+    say(line)
 
 
 def _digest(data: Any) -> str:
