@@ -32,6 +32,32 @@ def test_a_noisy_climb_is_not_a_collapse_and_marks_good_points() -> None:
     assert detector.best == pytest.approx((0.6 + 0.55 + 0.7) / 3)
 
 
+@pytest.mark.parametrize("window,bound", [(1, 0), (3, 2), (4, 4), (5, 3)])
+def test_the_weights_a_good_window_names_are_always_still_held(window: int, bound: int) -> None:
+    """The trainer holds the learner's state from before each step (three times the model in
+    host memory) and drops what ``oldest_sampler`` says no window can name any more; whatever
+    the staleness, the version a later good window names is still held, and no more than
+    window + max_staleness + 1 are."""
+    import random
+
+    rng = random.Random(window * 10 + bound)
+    detector = CollapseDetector(CollapseConfig(window=window))
+    held: set[int] = set()
+    for version in range(60):  # the learner's version before its step
+        held.add(version)
+        oldest = detector.oldest_sampler(version + 1, bound)
+        floor = max((v for v in held if v <= oldest), default=oldest)
+        held = {v for v in held if v >= floor}
+        assert len(held) <= window + bound + 1
+        staleness = rng.uniform(0, bound) if version >= bound else rng.uniform(0, version)
+        detector.observe({**line(version + 1, 0.5), "version": version + 1,
+                          "staleness_mean": staleness})
+        wanted = detector.sampler_version()
+        assert wanted is not None and max(v for v in held if v <= wanted) == wanted
+        if version == 30 and window == 3 and bound == 2:
+            assert len(held) == 4  # 6 before the bound
+
+
 def test_a_reward_fall_is_diagnosed_in_one_line_with_its_evidence() -> None:
     detector = CollapseDetector(CollapseConfig())
     for i, r in enumerate([0.6, 0.7, 0.8, 0.8, 0.4, 0.1, 0.0]):

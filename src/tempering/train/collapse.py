@@ -12,8 +12,9 @@ weights and KL to the sampling policy over the same steps).
 Each check averages the last ``window`` steps since the last rollback, so one bad batch is
 not a collapse; the best reward the run reached is kept across rollbacks, so a run that falls
 again after one is caught again. The detector also says when the run is *good*: a new best
-mean reward with no check firing. The trainer keeps the weights of that step as the last good
-checkpoint, which a rollback returns to.
+mean reward with no check firing. The trainer keeps, as the last good checkpoint a rollback
+returns to, the weights that *sampled* that window (``sampler_version``), which in an
+asynchronous run are some versions behind the learner that reached it.
 """
 
 from __future__ import annotations
@@ -123,6 +124,22 @@ class CollapseDetector:
     def reset(self) -> None:
         """Forget the steps seen (after a rollback); the best reward is kept."""
         self.lines = []
+
+    def sampler_version(self) -> int | None:
+        """The version whose weights sampled the window's median step: that step's version,
+        less 1 (the weights it trained), less its mean staleness. None before any step."""
+        window = self.lines[-self.config.window:]
+        if not window:
+            return None
+        middle = window[(len(window) - 1) // 2]
+        return int(middle["version"]) - 1 - round(float(middle["staleness_mean"]))
+
+    def oldest_sampler(self, next_version: int, max_staleness: int) -> int:
+        """The oldest version ``sampler_version`` can name once the step that makes
+        ``next_version`` is observed, or at any step after it (later windows have later
+        medians): what the trainer must still hold weights for."""
+        window = [*self.lines, {"version": next_version}][-self.config.window:]
+        return int(window[(len(window) - 1) // 2]["version"]) - 1 - max_staleness
 
 
 def _mean(lines: Sequence[dict[str, Any]], key: str) -> float:

@@ -295,19 +295,21 @@ class Trainer:
         *sampled* it, some versions behind the learner (``_sampler_of_window``)."""
         if self.config.on_collapse == "rollback":
             self._snapshots[self.learner.version] = self.learner.snapshot()
-            keep = self.config.collapse.window + self.config.max_staleness + 1
-            for version in sorted(self._snapshots)[:-keep]:
+            # none older than the oldest the detector can still name (each costs three
+            # times the model in host memory): window + max_staleness + 1 at most
+            oldest = self.detector.oldest_sampler(self.learner.version + 1,
+                                                  self.config.max_staleness)
+            floor = max((v for v in self._snapshots if v <= oldest), default=oldest)
+            for version in [v for v in self._snapshots if v < floor]:
                 del self._snapshots[version]
         return self.learner.step(samples)
 
     def _sampler_of_window(self) -> Snapshot | None:
-        """The kept weights that sampled the detector's window of steps: its median step's
-        batch, which the learner's weights of ``staleness`` versions before it sampled."""
-        window = self.detector.lines[-self.config.collapse.window:]
-        if not window or not self._snapshots:
+        """The kept weights that sampled the detector's window of steps (the newest kept
+        at or before ``sampler_version``; the oldest kept after a resume)."""
+        wanted = self.detector.sampler_version()
+        if wanted is None or not self._snapshots:
             return None
-        middle = window[(len(window) - 1) // 2]
-        wanted = int(middle["version"]) - 1 - round(float(middle["staleness_mean"]))
         older = [v for v in self._snapshots if v <= wanted]
         return self._snapshots[max(older) if older else min(self._snapshots)]
 
