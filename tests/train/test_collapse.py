@@ -63,11 +63,31 @@ def test_a_reward_fall_is_diagnosed_in_one_line_with_its_evidence() -> None:
     for i, r in enumerate([0.6, 0.7, 0.8, 0.8, 0.4, 0.1, 0.0]):
         collapse, _ = detector.observe(line(i + 1, r))
     assert collapse is not None and collapse.check == "reward" and collapse.step == 7
-    assert "\n" not in collapse.line and "best of 0.77" in collapse.line
+    assert "\n" not in collapse.line and "its best, 0.77" in collapse.line
     assert "invalid calls 2%" in collapse.line and "lr 1.00e-04" in collapse.line
     detector.reset()  # after a rollback: the best is kept, the window starts again
     assert detector.observe(line(8, 0.1))[0] is None
     assert detector.best == pytest.approx(0.7667, abs=1e-3)
+
+
+def test_a_fall_from_a_best_that_is_only_the_start_plus_noise_is_not_a_collapse() -> None:
+    """A run at chance (0.25) whose best window is 0.33 protects nothing by rolling back: until
+    the best is ``reward_gain`` above the first window, a fall counts from that start."""
+    rewards = [0.25, 0.22, 0.28, 0.3, 0.35, 0.33, 0.2, 0.14, 0.15]
+    detector = CollapseDetector(CollapseConfig())
+    assert all(detector.observe(line(i + 1, r))[0] is None for i, r in enumerate(rewards))
+    assert detector.reward_base == pytest.approx(0.25) and detector.best is not None
+    assert detector.best > CollapseConfig().reward_min  # the old arming point was passed
+    climbed = CollapseDetector(CollapseConfig())
+    verdicts = [climbed.observe(line(i + 1, r))[0]
+                for i, r in enumerate([0.25, 0.22, 0.28, 0.5, 0.6, 0.55, 0.2, 0.14, 0.15])]
+    assert [c.check for c in verdicts if c is not None][:1] == ["reward"]
+    resumed = CollapseDetector(CollapseConfig(), best=0.33, reward_base=0.25)
+    assert all(resumed.observe(line(i + 1, r))[0] is None for i, r in enumerate([0.15] * 4))
+    started_high = CollapseDetector(CollapseConfig())  # a good model that falls apart
+    found = [started_high.observe(line(i + 1, r))[0] for i, r in enumerate([0.7, 0.72, 0.68,
+                                                                              0.75, 0.1, 0.05])]
+    assert found[-1] is not None and "from its start of 0.70" in found[-1].line
 
 
 def test_the_format_breaking_down_and_entropy_falling_are_collapses() -> None:

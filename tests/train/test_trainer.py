@@ -192,6 +192,7 @@ async def test_a_learning_rate_100x_too_high_is_diagnosed_and_rolled_back(tmp_pa
     config = load_config(None, small(
         tmp_path, "collapse", "steps=10", "mode=sync", "learner.lr=5e-2",
         "learner.lr_warmup_steps=0", "collapse.window=1", "collapse.reward_min=0.05",
+        "collapse.reward_gain=0",
         "collapse.stall_s=20", "collapse.max_rollbacks=1"))
     lines: list[str] = []
     trainer = Trainer(config, tensorboard=False, say=lines.append)

@@ -64,6 +64,7 @@ class RunState(BaseModel):
     best_reward: float | None = None
     """The best mean reward the collapse detector has seen (``collapse.py``)."""
     entropy_base: float | None = None
+    reward_base: float | None = None
     good_step: int | None = None
     """The step at which the good checkpoint was judged good (0: the starting model)."""
     good_version: int | None = None

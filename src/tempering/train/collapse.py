@@ -42,13 +42,15 @@ class CollapseDetector:
     """See the module docstring. ``observe`` each step's metrics line, in order."""
 
     def __init__(self, config: CollapseConfig, *, best: float | None = None,
-                 entropy_base: float | None = None) -> None:
+                 entropy_base: float | None = None, reward_base: float | None = None) -> None:
         self.config = config
         self.best = best
         """The best mean reward over ``window`` steps the run reached (kept across
         rollbacks and, through the checkpoint, resumes)."""
         self.entropy_base = entropy_base
         """The mean entropy of the run's first ``window`` steps."""
+        self.reward_base = reward_base
+        """The mean reward of the run's first ``window`` steps: where it started."""
         self.lines: list[dict[str, Any]] = []  # since the start or the last rollback
 
     def observe(self, metrics: dict[str, Any]) -> tuple[Collapse | None, bool]:
@@ -63,6 +65,8 @@ class CollapseDetector:
         entropy = _mean(recent, "entropy")
         if self.entropy_base is None and math.isfinite(entropy):
             self.entropy_base = entropy
+        if self.reward_base is None and math.isfinite(reward):
+            self.reward_base = reward
         step = int(metrics["step"])
         found = self._check(recent, reward, entropy, step)
         if found is not None:
@@ -77,11 +81,9 @@ class CollapseDetector:
         cfg = self.config
         first, last = int(recent[0]["step"]), step
         span = f"steps {first}-{last}" if first != last else f"step {last}"
-        if cfg.reward_fall is not None and self.best is not None and \
-                self.best >= cfg.reward_min and reward < (1 - cfg.reward_fall) * self.best:
-            return self._found("reward", step, recent, f"reward fell to {reward:.2f} over "
-                               f"{span}, from a best of {self.best:.2f} (collapsed below "
-                               f"{(1 - cfg.reward_fall) * self.best:.2f})")
+        fall = self._reward_fall(reward, span, step, recent)
+        if fall is not None:
+            return fall
         invalid = _mean(recent, "invalid_action_frac")
         if cfg.invalid_max is not None and invalid > cfg.invalid_max:
             return self._found("format", step, recent, f"{invalid:.0%} of tool calls malformed "
@@ -93,6 +95,26 @@ class CollapseDetector:
                                f"to {entropy:.3f} over {span}, from {self.entropy_base:.3f} "
                                "over the first steps: the policy is locking into one output")
         return None
+
+    def _reward_fall(self, reward: float, span: str, step: int,
+                     recent: list[dict[str, Any]]) -> Collapse | None:
+        """The reward check. It measures the fall from the best window, once that best is
+        ``reward_gain`` above the run's start; until then from the start, since a best that is
+        the start plus noise protects nothing. Armed once that reference is ``reward_min``."""
+        cfg = self.config
+        if cfg.reward_fall is None or self.best is None:
+            return None
+        base = self.reward_base
+        climbed = base is None or self.best >= base + cfg.reward_gain
+        reference = self.best if climbed or base is None else base
+        floor = (1 - cfg.reward_fall) * reference
+        if reference < cfg.reward_min or reward >= floor:
+            return None
+        source = (f"a best of {reference:.2f}" if climbed else
+                  f"its start of {reference:.2f} (its best, {self.best:.2f}, within "
+                  f"{cfg.reward_gain:g} of it)")
+        return self._found("reward", step, recent, f"reward fell to {reward:.2f} over {span}, "
+                           f"from {source} (collapsed below {floor:.2f})")
 
     def stalled(self, step: int, waited_s: float, dropped_filtered: int,
                 dropped_groups_reward: float | None) -> Collapse | None:

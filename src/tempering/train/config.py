@@ -123,6 +123,11 @@ class CollapseConfig(_Frozen):
     """Collapsed when the mean reward falls below ``(1 - reward_fall)`` x the best mean the
     run reached, once that best is at least ``reward_min``."""
     reward_min: float = Field(default=0.3, ge=0)
+    reward_gain: float = Field(default=0.2, ge=0)
+    """The reward check measures the fall from the best only once the best is this far above
+    the mean reward of the run's first ``window`` steps, and until then from that start: a best
+    that is the start plus noise has nothing to protect (a run at chance, 0.25, rolled back
+    from a best of 0.33 and lost half its learning rate)."""
     invalid_max: float | None = Field(default=0.5, gt=0, le=1)
     """Collapsed when the share of malformed tool calls goes above this (the action format
     breaking down: ``invalid_action_frac``)."""

@@ -99,7 +99,8 @@ class Trainer:
                                   tensorboard=self.tensorboard)
         self.step = state.step if state else 0
         self.detector = CollapseDetector(cfg.collapse, best=state.best_reward if state else None,
-                                         entropy_base=state.entropy_base if state else None)
+                                         entropy_base=state.entropy_base if state else None,
+                                         reward_base=state.reward_base if state else None)
         if state is not None:
             self.rollbacks, self._good_step = state.rollbacks, state.good_step
             self._good_version = state.good_version
@@ -401,7 +402,8 @@ class Trainer:
             busy_from_s=self._busy_from or 0.0, tasks_drawn=self._tasks_drawn,
             buffer=self.buffer.state_dict(), rollbacks=self.rollbacks,
             lr_scale=self.learner.lr_scale, best_reward=self.detector.best,
-            entropy_base=self.detector.entropy_base, good_step=self._good_step,
+            entropy_base=self.detector.entropy_base, reward_base=self.detector.reward_base,
+            good_step=self._good_step,
             good_version=self._good_version)
         await asyncio.to_thread(checkpoints.write, self.run_dir, state, self.learner.save,
                                 keep=self.config.keep_checkpoints)
