@@ -35,7 +35,7 @@ def test_a_noisy_climb_is_not_a_collapse_and_marks_good_points() -> None:
 @pytest.mark.parametrize("window,bound", [(1, 0), (3, 2), (4, 4), (5, 3)])
 def test_the_weights_a_good_window_names_are_always_still_held(window: int, bound: int) -> None:
     """The trainer holds the learner's state from before each step (three times the model in
-    host memory) and drops what ``oldest_sampler`` says no window can name any more; whatever
+    host memory) and drops what ``unneeded`` says no window can name any more; whatever
     the staleness, the version a later good window names is still held, and no more than
     window + max_staleness + 1 are."""
     import random
@@ -45,9 +45,7 @@ def test_the_weights_a_good_window_names_are_always_still_held(window: int, boun
     held: set[int] = set()
     for version in range(60):  # the learner's version before its step
         held.add(version)
-        oldest = detector.oldest_sampler(version + 1, bound)
-        floor = max((v for v in held if v <= oldest), default=oldest)
-        held = {v for v in held if v >= floor}
+        held -= set(detector.unneeded(held, version + 1, bound))
         assert len(held) <= window + bound + 1
         staleness = rng.uniform(0, bound) if version >= bound else rng.uniform(0, version)
         detector.observe({**line(version + 1, 0.5), "version": version + 1,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,12 +156,18 @@ class CollapseDetector:
         middle = window[(len(window) - 1) // 2]
         return int(middle["version"]) - 1 - round(float(middle["staleness_mean"]))
 
-    def oldest_sampler(self, next_version: int, max_staleness: int) -> int:
-        """The oldest version ``sampler_version`` can name once the step that makes
-        ``next_version`` is observed, or at any step after it (later windows have later
-        medians): what the trainer must still hold weights for."""
+    def unneeded(self, held: Iterable[int], next_version: int, max_staleness: int
+                 ) -> list[int]:
+        """Of the versions ``held`` (whose weights the trainer keeps), those
+        ``sampler_version`` can never need again once the step that makes ``next_version``
+        is observed (later windows have later medians): the oldest version it can still name
+        is that window's median, less 1, less ``max_staleness``, and every held version older
+        than the newest held at or before it."""
         window = [*self.lines, {"version": next_version}][-self.config.window:]
-        return int(window[(len(window) - 1) // 2]["version"]) - 1 - max_staleness
+        oldest = int(window[(len(window) - 1) // 2]["version"]) - 1 - max_staleness
+        versions = list(held)
+        floor = max((v for v in versions if v <= oldest), default=oldest)
+        return [v for v in versions if v < floor]
 
 
 def _mean(lines: Sequence[dict[str, Any]], key: str) -> float:

@@ -296,12 +296,10 @@ class Trainer:
         *sampled* it, some versions behind the learner (``_sampler_of_window``)."""
         if self.config.on_collapse == "rollback":
             self._snapshots[self.learner.version] = self.learner.snapshot()
-            # none older than the oldest the detector can still name (each costs three
-            # times the model in host memory): window + max_staleness + 1 at most
-            oldest = self.detector.oldest_sampler(self.learner.version + 1,
-                                                  self.config.max_staleness)
-            floor = max((v for v in self._snapshots if v <= oldest), default=oldest)
-            for version in [v for v in self._snapshots if v < floor]:
+            # none the detector can no longer name (each costs three times the model in
+            # host memory): window + max_staleness + 1 at most
+            for version in self.detector.unneeded(self._snapshots, self.learner.version + 1,
+                                                  self.config.max_staleness):
                 del self._snapshots[version]
         return self.learner.step(samples)
 
