@@ -8,6 +8,7 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def test_transcripts_train_only_the_assistants_tokens(tiny_model_dir: Path) -> N
 
 def test_every_task_gets_every_word_equally_often() -> None:
     """A random draw of words leaves one sign's answers lopsided (seed 1's warm-up gave
-    main's word 2% where echo's got 42% at temperature 0.4), and RL never recovered it."""
+    main's word 2% where root's got 42% at temperature 0.4), and RL never recovered it."""
     tasks = switchboard(layouts=2)
     pairs = Counter((task.id, word) for task, word in _balanced(tasks, 96, random.Random(1)))
     assert len(pairs) == len(tasks) * len(CODEBOOK) == 32
@@ -62,6 +63,16 @@ def _format(model_dir: Path, tasks: list, temperature: float) -> dict[str, float
                                 temperature=temperature)
 
 
+def _warm(model_dir: Path, tmp_path: Path, tasks: list, **settings: Any
+          ) -> tuple[Path, dict[str, Any], list[float]]:
+    """``warm_up`` at temperature 0.4: the model, its ``WARMUP_FILE`` record, each step's loss."""
+    losses: list[float] = []
+    warmed = warm_up(model_dir, tmp_path / "warm", tasks, system_prompt=SYSTEM,
+                     tools=tools_named(TOOLS), temperature=0.4,
+                     progress=lambda step, loss: losses.append(loss), **settings)
+    return warmed, json.loads((warmed / WARMUP_FILE).read_text()), losses
+
+
 def test_an_untrained_model_writes_no_episode_well_formed(tiny_model_dir: Path) -> None:
     tasks = switchboard(layouts=1)
     formats = _format(tiny_model_dir, tasks, 1.0)
@@ -72,13 +83,9 @@ def test_an_untrained_model_writes_no_episode_well_formed(tiny_model_dir: Path) 
 def test_a_warm_up_short_of_format_min_stops_at_max_steps(tiny_model_dir: Path,
                                                           tmp_path: Path) -> None:
     tasks = switchboard(layouts=1)
-    steps: list[int] = []
-    warmed = warm_up(tiny_model_dir, tmp_path / "warm", tasks, system_prompt=SYSTEM,
-                     tools=tools_named(TOOLS), steps=4, batch=2, demos=16,
-                     progress=lambda step, loss: steps.append(step), temperature=0.4,
-                     format_min=0.999, max_steps=9)
-    record = json.loads((warmed / WARMUP_FILE).read_text())
-    assert steps == list(range(9)) and record["steps"] == 9
+    warmed, record, losses = _warm(tiny_model_dir, tmp_path, tasks, steps=4, batch=2,
+                                   demos=16, format_min=0.999, max_steps=9)
+    assert len(losses) == 9 and record["steps"] == 9
     assert record["format"] == pytest.approx(_format(warmed, tasks, 0.4), rel=1e-4)
     assert max(record["format"].values()) < 0.999
 
@@ -89,13 +96,9 @@ async def test_after_warm_up_episodes_are_well_formed(tiny_model_dir: Path,
     from tempering.policy.local import LocalEngine
 
     tasks = switchboard(layouts=2)
-    losses: list[float] = []
-    warmed = warm_up(tiny_model_dir, tmp_path / "warm", tasks, system_prompt=SYSTEM,
-                     tools=tools_named(TOOLS), steps=100, batch=8, demos=64,
-                     progress=lambda step, loss: losses.append(loss), temperature=0.4,
-                     format_min=0.9, max_steps=600)
+    warmed, record, losses = _warm(tiny_model_dir, tmp_path, tasks, steps=100, batch=8,
+                                   demos=64, format_min=0.9, max_steps=600)
     assert losses[-1] < 0.2 * losses[0]
-    record = json.loads((warmed / WARMUP_FILE).read_text())
     assert 100 <= record["steps"] < 600 and len(losses) == record["steps"]
     assert min(record["format"].values()) >= 0.9  # checked against, so it stopped there
     config = EpisodeConfig(system_prompt=SYSTEM, tools=TOOLS, max_turns=4,

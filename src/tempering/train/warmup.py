@@ -138,10 +138,14 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
 
     model.train()
     every, trained = max(1, steps // 4), 0
+    formats: dict[str, float] | None = None  # the check of the weights as they are now
     for step in range(last):
-        if step >= steps and (step - steps) % every == 0 and (
-                format_min is None or min(check().values()) >= format_min):
-            break
+        if step >= steps and (step - steps) % every == 0:
+            if format_min is None:
+                break
+            formats = check()
+            if min(formats.values()) >= format_min:
+                break
         chosen = [data[rng.randrange(len(data))] for _ in range(batch)]
         width = max(len(ids) for ids, _ in chosen)
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chosen],
@@ -156,10 +160,11 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-        trained = step + 1
+        trained, formats = step + 1, None
         if progress is not None:
             progress(step, float(loss.detach()))
-    formats = check()
+    if formats is None:
+        formats = check()
     model.to("cpu").eval()
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +204,7 @@ def format_probabilities(model: Any, tokenizer: Any, tasks: Sequence[Task], *,
 
     first, second = sorted(CODEBOOK.values())[:2]
     was_training = model.training
+    device = next(model.parameters()).device
     model.eval()
     out: dict[str, float] = {}
     try:
@@ -211,7 +217,6 @@ def format_probabilities(model: Any, tokenizer: Any, tasks: Sequence[Task], *,
                 raise ConfigError(f"the code words {first!r} and {second!r} tokenize to "
                                   "different lengths: each must be one token")
             keep = [m and a == b for m, a, b in zip(mask, ids, other, strict=True)]
-            device = next(model.parameters()).device
             x = torch.tensor([ids], device=device)
             with torch.no_grad():
                 logits = model(x).logits[0, :-1].float() / temperature  # (T-1, V)
