@@ -71,7 +71,7 @@ def config_for(mode: str, runs: Path, steps: int, *extra: str) -> Any:
 
     return load_config(None, [
         f"name={mode}", f"runs_dir={runs}", f"mode={mode}", f"steps={steps}",
-        "tasks.slow={scale_s: 0.2, alpha: 1.0, cap_s: 20}",
+        "target_reward=null", "tasks.slow={scale_s: 0.2, alpha: 1.0, cap_s: 20}",
         f"rollout.max_staleness={MAX_STALENESS}",
         "rollout.group_size=8", "rollout.batch_groups=8", "rollout.sandboxes=160",
         "rollout.inference=160", "rollout.max_batch=64",
