@@ -124,6 +124,20 @@ def test_steps_raise_the_rewarded_completion_and_lower_the_other(tiny_model_dir:
     assert stats.version == 4 and math.isfinite(stats.grad_norm) and stats.grad_norm > 0
 
 
+def test_the_format_penalty_is_the_learners_own(tiny_model_dir: Path) -> None:
+    # both episodes solved the task (the tests cannot see turns), one with a malformed call
+    good, garbled = fixed_completions(tiny_model_dir)
+    steps = [garbled.steps[0].model_copy(update={"action": "invalid"})]
+    group = [good, garbled.model_copy(update={"steps": steps, "reward": grade(1.0)})]
+    plain = Learner(tiny_model_dir, LearnerConfig(lr=1e-3)).make_samples(group)
+    assert [s.advantage for s in plain] == [0.0, 0.0]
+    shaped = Learner(tiny_model_dir, LearnerConfig(lr=1e-3, format_penalty=0.1))
+    first, second = shaped.make_samples(group)
+    assert first.advantage > 0 > second.advantage
+    with pytest.raises(ValidationError, match="format_penalty"):
+        LearnerConfig(format_penalty=-0.1)
+
+
 def random_samples(n: int, seed: int, learner: Learner) -> list[Sample]:
     """Samples of mixed lengths whose behaviour log-probs are off the learner's (stale)."""
     gen = torch.Generator().manual_seed(seed)

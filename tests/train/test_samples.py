@@ -80,3 +80,36 @@ def test_pack_bounds_padded_tokens_longest_first() -> None:
     assert groups == [[3], [1, 4], [2, 0, 5]]  # 200 alone; 2 x 50; 3 x 20
     assert sorted(i for g in groups for i in g) == list(range(6))
     assert all(len(g) * max(lengths[i] for i in g) <= 100 for g in groups if len(g) > 1)
+
+
+def _episode(reward: float, *actions: str, inherited: int = 0) -> Trajectory:
+    steps = [Step(index=i, action=a, inherited=i < inherited) for i, a in enumerate(actions)]
+    return graded(reward, "fmt", steps=steps)
+
+
+def test_failed_calls_are_the_own_turns_without_a_well_formed_call() -> None:
+    assert _episode(1.0, "read_file", "invalid", "message", "submit").failed_call_frac == 0.5
+    # a branch's inherited turns are its parent's, not this sample's
+    assert _episode(1.0, "invalid", "write_file", "submit", inherited=1).failed_call_frac == 0
+    assert _episode(1.0).failed_call_frac == 0.0
+    assert _episode(0.5, "invalid", "submit").shaped_reward(0.2) == pytest.approx(0.4)
+    assert graded(None).shaped_reward(0.2) is None
+
+
+def test_a_format_penalty_gives_an_all_solved_group_a_signal_and_the_buffer_keeps_it() -> None:
+    from tempering.train.buffer import group_pipeline
+
+    clean = [_episode(1.0, "write_file", "submit") for _ in range(3)]
+    garbled = _episode(1.0, "write_file", "invalid", "submit")  # passed, but a call broke
+    group = [*clean, garbled]
+    plain = group_advantages(group)
+    assert set(plain.values()) == {0.0}  # the reward alone cannot see the broken call
+    assert group_pipeline().apply(group) == []  # so the filters drop the group
+    shaped = group_advantages(group, format_penalty=0.1)
+    assert shaped[garbled.trajectory_id] < 0 < shaped[clean[0].trajectory_id]
+    assert len(group_pipeline(0.1).apply(group)) == 4  # judged as the learner sees it
+    # the penalty never outweighs the task: a solved episode with a broken call stays
+    # ahead of a failed one with none
+    mixed = group_advantages([garbled, _episode(0.0, "write_file", "submit")],
+                             format_penalty=0.1)
+    assert mixed[garbled.trajectory_id] > 0

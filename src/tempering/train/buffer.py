@@ -57,10 +57,11 @@ DROP_REASONS = ("filtered", "stale", "cancelled", "rolled_back")
 STATE_FORMAT: Literal[1] = 1
 
 
-def group_pipeline() -> Pipeline:
+def group_pipeline(format_penalty: float = 0.0) -> Pipeline:
     """The default pipeline without ``Dedup``: identical samples of one group are how the
-    policy's probability mass shows up, and GRPO's baseline must see each of them."""
-    return build_pipeline(FilterOptions(keep_duplicates=True))
+    policy's probability mass shows up, and GRPO's baseline must see each of them. Equal
+    rewards are judged as the learner's advantages see them (``format_penalty``)."""
+    return build_pipeline(FilterOptions(keep_duplicates=True, format_penalty=format_penalty))
 
 
 def sample_version(traj: Trajectory, version_started: int) -> int:

@@ -115,6 +115,11 @@ class LearnerConfig(BaseModel):
     """``token-mean`` over every trained token of the batch, or ``seq-mean-token-mean``."""
     normalise_std: bool = True
     """``make_samples``: divide advantages by the group's std (GRPO) or not (Dr. GRPO)."""
+    format_penalty: float = Field(default=0.0, ge=0)
+    """``make_samples``: subtract this times the episode's share of turns without a
+    well-formed tool call from its reward before comparing it with its group
+    (``Trajectory.shaped_reward``), so that a malformed call the tests cannot see still
+    costs; 0: the reward alone. The replay buffer judges equal rewards the same way."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -242,9 +247,10 @@ class Learner:
     # -- training --------------------------------------------------------------------------
 
     def make_samples(self, trajectories: Iterable[Trajectory]) -> list[Sample]:
-        """Group-relative advantages (``normalise_std`` from the config), then samples."""
+        """Group-relative advantages (``normalise_std``, ``format_penalty``), then samples."""
         trajectories = list(trajectories)
-        advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std)
+        advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std,
+                                      format_penalty=self.config.format_penalty)
         return samples_from(trajectories, advantages=advantages)
 
     def step(self, samples: Sequence[Sample]) -> StepStats:

@@ -87,15 +87,16 @@ class Sample:
 
 
 def group_advantages(trajectories: Iterable[Trajectory], *, normalise_std: bool = True,
-                     eps: float = 1e-6) -> dict[str, float]:
+                     eps: float = 1e-6, format_penalty: float = 0.0) -> dict[str, float]:
     """Each graded trajectory's advantage relative to its group, by ``trajectory_id``.
 
     Trajectories without a reward (not graded) are left out and do not count in their group's
-    mean. A trajectory with an empty ``group_id`` is a group of its own (advantage 0).
+    mean. A trajectory with an empty ``group_id`` is a group of its own (advantage 0). With a
+    ``format_penalty`` the reward compared is ``Trajectory.shaped_reward``.
     """
     groups: dict[str, list[tuple[str, float]]] = {}
     for traj in trajectories:
-        reward = traj.reward_value
+        reward = traj.shaped_reward(format_penalty)
         if reward is not None:
             key = traj.group_id or f"\0{traj.trajectory_id}"  # cannot collide with a group id
             groups.setdefault(key, []).append((traj.trajectory_id, reward))

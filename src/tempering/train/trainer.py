@@ -42,7 +42,7 @@ from tempering.errors import ConfigError, TrainingCollapsed
 from tempering.tasks.task import Task
 from tempering.train import checkpoints
 from tempering.train.batches import Batch
-from tempering.train.buffer import ReplayBuffer
+from tempering.train.buffer import ReplayBuffer, group_pipeline
 from tempering.train.collapse import Collapse, CollapseDetector
 from tempering.train.config import TrainConfig, dump_config, validate_config
 from tempering.train.learner import Learner, Snapshot, StepStats
@@ -91,7 +91,8 @@ class Trainer:
                      ).absolute()
         self.learner = await asyncio.to_thread(Learner, model_dir, cfg.learner)
         self.buffer = ReplayBuffer(batch_groups=cfg.rollout.batch_groups,
-                                   max_staleness=cfg.max_staleness)
+                                   max_staleness=cfg.max_staleness,
+                                   filters=group_pipeline(cfg.learner.format_penalty))
         self.store = TrajectoryStore(self.run_dir)  # recovers what a killed run left
         self.group_log = checkpoints.GroupLog(self.run_dir)
         state = await asyncio.to_thread(self._resume)
