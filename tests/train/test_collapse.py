@@ -32,6 +32,14 @@ def test_a_noisy_climb_is_not_a_collapse_and_marks_good_points() -> None:
     assert detector.best == pytest.approx((0.6 + 0.55 + 0.7) / 3)
 
 
+def test_a_best_reached_while_the_format_drifts_is_no_point_to_return_to() -> None:
+    detector = CollapseDetector(CollapseConfig(window=1, invalid_max=0.5))
+    verdicts = [detector.observe(line(i + 1, r, invalid))
+                for i, (r, invalid) in enumerate([(0.3, 0.0), (0.6, 0.25), (0.8, 0.4)])]
+    assert verdicts == [(None, True), (None, True), (None, False)]
+    assert detector.best == 0.8  # still the best: the reward check falls from it
+
+
 @pytest.mark.parametrize("window,bound", [(1, 0), (3, 2), (4, 4), (5, 3)])
 def test_the_weights_a_good_window_names_are_always_still_held(window: int, bound: int) -> None:
     """The trainer holds the learner's state from before each step (three times the model in

@@ -55,7 +55,7 @@ class CollapseDetector:
 
     def observe(self, metrics: dict[str, Any]) -> tuple[Collapse | None, bool]:
         """This step's verdict: (a collapse or None, whether the step is a new good point:
-        a new best mean reward and no collapse)."""
+        a new best mean reward, no collapse, and the format sound)."""
         cfg = self.config
         self.lines.append(metrics)
         recent = self.lines[-cfg.window:]
@@ -73,8 +73,16 @@ class CollapseDetector:
             return found, False
         if math.isfinite(reward) and (self.best is None or reward > self.best):
             self.best = reward
-            return None, True
+            return None, self._format_sound(recent)
         return None, False
+
+    def _format_sound(self, recent: list[dict[str, Any]]) -> bool:
+        """Whether the window's malformed-call share is at most half of ``invalid_max``: a
+        best reached while the format drifts towards the check is no point to roll back to
+        (a default run that did went on drifting from there)."""
+        invalid = _mean(recent, "invalid_action_frac")
+        limit = self.config.invalid_max
+        return limit is None or not math.isfinite(invalid) or invalid <= limit / 2
 
     def _check(self, recent: list[dict[str, Any]], reward: float, entropy: float,
                step: int) -> Collapse | None:
