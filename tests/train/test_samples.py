@@ -113,3 +113,24 @@ def test_a_format_penalty_gives_an_all_solved_group_a_signal_and_the_buffer_keep
     mixed = group_advantages([garbled, _episode(0.0, "write_file", "submit")],
                              format_penalty=0.1)
     assert mixed[garbled.trajectory_id] > 0
+
+
+def test_a_failed_call_is_never_reinforced_but_still_punished() -> None:
+    steps = [Step(index=0, action="invalid", prompt_token_ids=[1, 2], completion_token_ids=[3, 4],
+                  logprobs=[-0.1, -0.2], weights_version=1),
+             Step(index=1, action="submit", prompt_reused=4, prompt_token_ids=[5],
+                  completion_token_ids=[6], logprobs=[-0.3], weights_version=1)]
+    won, lost = graded(1.0, steps=steps), graded(0.0, steps=steps)
+    advantages = {won.trajectory_id: 0.5, lost.trajectory_id: -0.5}
+    plain = samples_from([won, lost], advantages=advantages)
+    assert [s.loss_mask for s in plain] == [(0, 0, 1, 1, 0, 1)] * 2
+    up, down = samples_from([won, lost], advantages=advantages,
+                            never_reinforce_failed_calls=True)
+    assert up.loss_mask == (0, 0, 0, 0, 0, 1)  # the episode won despite the broken call
+    assert down.loss_mask == (0, 0, 1, 1, 0, 1)  # a lost one pushes the broken call down too
+    # re-rendered prompts (one sample per turn): the broken turn's sample goes
+    rerendered = [s.model_copy(update={"prompt_reused": 0}) for s in steps]
+    turns = graded(1.0, steps=rerendered)
+    (only,) = samples_from([turns], advantages={turns.trajectory_id: 0.5},
+                           never_reinforce_failed_calls=True)
+    assert only.ids[-1] == 6

@@ -119,7 +119,8 @@ class LearnerConfig(BaseModel):
     """``make_samples``: subtract this times the episode's share of turns without a
     well-formed tool call from its reward before comparing it with its group
     (``Trajectory.shaped_reward``), so that a malformed call the tests cannot see still
-    costs; 0: the reward alone. The replay buffer judges equal rewards the same way."""
+    costs, and never train on such a turn with a positive advantage (``samples_from``); 0:
+    the reward alone. The replay buffer judges equal rewards the same way."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -251,7 +252,8 @@ class Learner:
         trajectories = list(trajectories)
         advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std,
                                       format_penalty=self.config.format_penalty)
-        return samples_from(trajectories, advantages=advantages)
+        return samples_from(trajectories, advantages=advantages,
+                            never_reinforce_failed_calls=self.config.format_penalty > 0)
 
     def step(self, samples: Sequence[Sample]) -> StepStats:
         """One policy update on ``samples``; ``version`` goes up by one."""

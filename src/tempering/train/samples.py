@@ -112,18 +112,22 @@ def group_advantages(trajectories: Iterable[Trajectory], *, normalise_std: bool 
     return advantages
 
 
-def samples_from(trajectories: Iterable[Trajectory], *,
-                 advantages: Mapping[str, float]) -> list[Sample]:
+def samples_from(trajectories: Iterable[Trajectory], *, advantages: Mapping[str, float],
+                 never_reinforce_failed_calls: bool = False) -> list[Sample]:
     """The training samples of every trajectory that has an advantage.
 
     Trajectories missing from ``advantages`` (ungraded ones, by ``group_advantages``) are
     skipped, and so are samples with no trained token: they would add nothing to the loss.
+    With ``never_reinforce_failed_calls``, a turn that made no well-formed tool call
+    (``Step.failed_call``) is not trained on in an episode whose advantage is positive: the
+    episode succeeded despite that turn, and raising its tokens would teach the broken call.
     """
     samples: list[Sample] = []
     for traj in trajectories:
         if traj.trajectory_id not in advantages:
             continue
         advantage = float(advantages[traj.trajectory_id])
+        drop_failed = never_reinforce_failed_calls and advantage > 0
 
         def sample(ids: list[int], mask: list[int], logprobs: list[float],
                    versions: list[int], traj: Trajectory = traj,
@@ -134,6 +138,8 @@ def samples_from(trajectories: Iterable[Trajectory], *,
         seq = traj.sequence()
         if seq is not None:
             ids, mask, _, versions = seq
+            if drop_failed:
+                mask = _without_failed_turns(traj, mask)
             # sequence() writes 0.0 where a step recorded no log-probs; NaN says "unknown".
             logprobs = [lp for step in traj.steps if step.completion_token_ids
                         or step.prompt_token_ids
@@ -143,7 +149,7 @@ def samples_from(trajectories: Iterable[Trajectory], *,
             found = []
             for i, step in enumerate(traj.steps):
                 n = len(step.completion_token_ids)
-                if n:
+                if n and not (drop_failed and step.failed_call):
                     prompt = traj.prompt_ids(i)
                     found.append(sample(prompt + step.completion_token_ids,
                                         [0] * len(prompt) + (step.loss_mask or [1] * n),
@@ -151,6 +157,21 @@ def samples_from(trajectories: Iterable[Trajectory], *,
                                         [-1] * len(prompt) + [step.weights_version] * n))
         samples.extend(s for s in found if s.tokens)
     return samples
+
+
+def _without_failed_turns(traj: Trajectory, mask: list[int]) -> list[int]:
+    """``mask`` (``traj.sequence()``'s) with the completions of failed-call turns set to 0."""
+    out = list(mask)
+    at = 0
+    for step in traj.steps:  # the layout of sequence(): each turn's prompt, then completion
+        if not step.completion_token_ids and not step.prompt_token_ids:
+            continue
+        at += len(step.prompt_token_ids)
+        n = len(step.completion_token_ids)
+        if step.failed_call:
+            out[at:at + n] = [0] * n
+        at += n
+    return out
 
 
 def _behaviour(step: Step) -> list[float]:

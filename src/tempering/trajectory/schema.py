@@ -108,6 +108,12 @@ class Step(BaseModel):
     inherited: bool = False
     """True for the shared prefix a branched episode copied from its parent."""
 
+    @property
+    def failed_call(self) -> bool:
+        """The turn made no well-formed tool call: a malformed one (``invalid``) or none
+        (``message``)."""
+        return self.action in ("invalid", "message")
+
 
 class EpisodeHeader(BaseModel):
     """What is known of an episode when it begins: journaled first, so that a harness that dies
@@ -174,7 +180,7 @@ class Trajectory(BaseModel):
         """The share of the policy's own turns (inherited ones aside) that made no well-formed
         tool call: a malformed one (action ``invalid``) or none at all (``message``)."""
         own = [s for s in self.steps if not s.inherited]
-        return sum(s.action in ("invalid", "message") for s in own) / len(own) if own else 0.0
+        return sum(s.failed_call for s in own) / len(own) if own else 0.0
 
     def shaped_reward(self, format_penalty: float = 0.0) -> float | None:
         """``reward_value`` less ``format_penalty`` x ``failed_call_frac`` (None if ungraded):
