@@ -82,55 +82,63 @@ def test_pack_bounds_padded_tokens_longest_first() -> None:
     assert all(len(g) * max(lengths[i] for i in g) <= 100 for g in groups if len(g) > 1)
 
 
+
 def _episode(reward: float, *actions: str, inherited: int = 0) -> Trajectory:
     steps = [Step(index=i, action=a, inherited=i < inherited) for i, a in enumerate(actions)]
     return graded(reward, "fmt", steps=steps)
 
 
 def test_failed_calls_are_the_own_turns_without_a_well_formed_call() -> None:
-    assert _episode(1.0, "read_file", "invalid", "message", "submit").failed_call_frac == 0.5
+    assert _episode(1.0, "read_file", "invalid", "message", "submit").failed_calls == 2
     # a branch's inherited turns are its parent's, not this sample's
-    assert _episode(1.0, "invalid", "write_file", "submit", inherited=1).failed_call_frac == 0
-    assert _episode(1.0).failed_call_frac == 0.0
-    assert _episode(0.5, "invalid", "submit").shaped_reward(0.2) == pytest.approx(0.4)
-    assert graded(None).shaped_reward(0.2) is None
+    assert _episode(1.0, "invalid", "write_file", "submit", inherited=1).failed_calls == 0
+    assert _episode(1.0).failed_calls == 0
 
 
-def test_a_format_penalty_gives_an_all_solved_group_a_signal_and_the_buffer_keeps_it() -> None:
+def test_the_buffer_keeps_an_all_solved_group_with_a_failed_call_for_a_format_penalty() -> None:
     from tempering.train.buffer import group_pipeline
 
     clean = [_episode(1.0, "write_file", "submit") for _ in range(3)]
     garbled = _episode(1.0, "write_file", "invalid", "submit")  # passed, but a call broke
     group = [*clean, garbled]
-    plain = group_advantages(group)
-    assert set(plain.values()) == {0.0}  # the reward alone cannot see the broken call
-    assert group_pipeline().apply(group) == []  # so the filters drop the group
-    shaped = group_advantages(group, format_penalty=0.1)
-    assert shaped[garbled.trajectory_id] < 0 < shaped[clean[0].trajectory_id]
-    assert len(group_pipeline(0.1).apply(group)) == 4  # judged as the learner sees it
-    # the penalty never outweighs the task: a solved episode with a broken call stays
-    # ahead of a failed one with none
-    mixed = group_advantages([garbled, _episode(0.0, "write_file", "submit")],
-                             format_penalty=0.1)
-    assert mixed[garbled.trajectory_id] > 0
+    assert set(group_advantages(group).values()) == {0.0}  # the reward cannot see the call
+    assert group_pipeline().apply(group) == []  # so the plain filters drop the group
+    assert len(group_pipeline(keep_failed_calls=True).apply(group)) == 4
+    assert group_pipeline(keep_failed_calls=True).apply(clean) == []  # nothing to teach
 
 
-def test_a_failed_call_is_never_reinforced_but_still_punished() -> None:
-    steps = [Step(index=0, action="invalid", prompt_token_ids=[1, 2], completion_token_ids=[3, 4],
+def _two_turns(reward: float, first: str, *, reused: bool = True) -> Trajectory:
+    steps = [Step(index=0, action=first, prompt_token_ids=[1, 2], completion_token_ids=[3, 4],
                   logprobs=[-0.1, -0.2], weights_version=1),
-             Step(index=1, action="submit", prompt_reused=4, prompt_token_ids=[5],
+             Step(index=1, action="submit", prompt_reused=4 if reused else 0,
+                  prompt_token_ids=[5] if reused else [1, 2, 3, 4, 5],
                   completion_token_ids=[6], logprobs=[-0.3], weights_version=1)]
-    won, lost = graded(1.0, steps=steps), graded(0.0, steps=steps)
+    return graded(reward, steps=steps)
+
+
+def test_a_failed_call_is_trained_apart_never_raised_and_always_pushed_down() -> None:
+    won, lost = _two_turns(1.0, "invalid"), _two_turns(0.0, "invalid")
     advantages = {won.trajectory_id: 0.5, lost.trajectory_id: -0.5}
     plain = samples_from([won, lost], advantages=advantages)
-    assert [s.loss_mask for s in plain] == [(0, 0, 1, 1, 0, 1)] * 2
-    up, down = samples_from([won, lost], advantages=advantages,
-                            never_reinforce_failed_calls=True)
-    assert up.loss_mask == (0, 0, 0, 0, 0, 1)  # the episode won despite the broken call
-    assert down.loss_mask == (0, 0, 1, 1, 0, 1)  # a lost one pushes the broken call down too
-    # re-rendered prompts (one sample per turn): the broken turn's sample goes
-    rerendered = [s.model_copy(update={"prompt_reused": 0}) for s in steps]
-    turns = graded(1.0, steps=rerendered)
-    (only,) = samples_from([turns], advantages={turns.trajectory_id: 0.5},
-                           never_reinforce_failed_calls=True)
-    assert only.ids[-1] == 6
+    assert [(s.loss_mask, s.advantage) for s in plain] == [((0, 0, 1, 1, 0, 1), 0.5),
+                                                           ((0, 0, 1, 1, 0, 1), -0.5)]
+    shaped = samples_from([won, lost], advantages=advantages, failed_call_penalty=0.1)
+    assert [(s.trajectory_id, s.loss_mask, round(s.advantage, 6)) for s in shaped] == [
+        (won.trajectory_id, (0, 0, 0, 0, 0, 1), 0.5),  # the episode won despite the call
+        (won.trajectory_id, (0, 0, 1, 1, 0, 0), -0.1),
+        (lost.trajectory_id, (0, 0, 0, 0, 0, 1), -0.5),
+        (lost.trajectory_id, (0, 0, 1, 1, 0, 0), -0.6)]
+    assert all(s.ids == (1, 2, 3, 4, 5, 6) for s in shaped)
+    # an episode of equal rewards (advantage 0) still pushes its broken call down
+    even = samples_from([won], advantages={won.trajectory_id: 0.0}, failed_call_penalty=0.1)
+    assert [s.advantage for s in even] == pytest.approx([0.0, -0.1])
+    # an episode without a failed call is one sample, as without the penalty
+    good = _two_turns(1.0, "write_file")
+    assert len(samples_from([good], advantages={good.trajectory_id: 0.5},
+                            failed_call_penalty=0.1)) == 1
+    # re-rendered prompts (one sample per turn): the broken turn's sample gets the penalty
+    turns = _two_turns(1.0, "invalid", reused=False)
+    assert turns.sequence() is None
+    by_turn = samples_from([turns], advantages={turns.trajectory_id: 0.5},
+                           failed_call_penalty=0.1)
+    assert [(s.ids[-1], round(s.advantage, 6)) for s in by_turn] == [(4, -0.1), (6, 0.5)]

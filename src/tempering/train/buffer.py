@@ -57,11 +57,13 @@ DROP_REASONS = ("filtered", "stale", "cancelled", "rolled_back")
 STATE_FORMAT: Literal[1] = 1
 
 
-def group_pipeline(format_penalty: float = 0.0) -> Pipeline:
+def group_pipeline(keep_failed_calls: bool = False) -> Pipeline:
     """The default pipeline without ``Dedup``: identical samples of one group are how the
-    policy's probability mass shows up, and GRPO's baseline must see each of them. Equal
-    rewards are judged as the learner's advantages see them (``format_penalty``)."""
-    return build_pipeline(FilterOptions(keep_duplicates=True, format_penalty=format_penalty))
+    policy's probability mass shows up, and GRPO's baseline must see each of them.
+    ``keep_failed_calls``: a group of equal rewards still teaches a learner with a format
+    penalty if a turn of it failed its call."""
+    return build_pipeline(FilterOptions(keep_duplicates=True,
+                                        keep_failed_calls=keep_failed_calls))
 
 
 def sample_version(traj: Trajectory, version_started: int) -> int:

@@ -67,6 +67,8 @@ class RunState(BaseModel):
     reward_base: float | None = None
     good_step: int | None = None
     """The step at which the good checkpoint was judged good (0: the starting model)."""
+    good_reward: float | None = None
+    """The mean reward it was judged good at (``CollapseDetector.good``)."""
     good_version: int | None = None
     """The version of the weights the good checkpoint holds: those that sampled its steps."""
 

@@ -11,10 +11,12 @@ weights and KL to the sampling policy over the same steps).
 
 Each check averages the last ``window`` steps since the last rollback, so one bad batch is
 not a collapse; the best reward the run reached is kept across rollbacks, so a run that falls
-again after one is caught again. The detector also says when the run is *good*: a new best
-mean reward with no check firing. The trainer keeps, as the last good checkpoint a rollback
-returns to, the weights that *sampled* that window (``sampler_version``), which in an
-asynchronous run are some versions behind the learner that reached it.
+again after one is caught again. The detector also says when the run is *good*: no check
+firing, malformed calls at most half of ``invalid_max`` (a format drifting towards the check is
+no place to return to), and a mean reward above every earlier good window's. The trainer
+keeps, as the last good checkpoint a rollback returns to, the weights that *sampled* that
+window (``sampler_version``), which in an asynchronous run are some versions behind the
+learner that reached it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class CollapseDetector:
     """See the module docstring. ``observe`` each step's metrics line, in order."""
 
     def __init__(self, config: CollapseConfig, *, best: float | None = None,
-                 entropy_base: float | None = None, reward_base: float | None = None) -> None:
+                 entropy_base: float | None = None, reward_base: float | None = None,
+                 good: float | None = None) -> None:
         self.config = config
         self.best = best
         """The best mean reward over ``window`` steps the run reached (kept across
@@ -51,11 +54,14 @@ class CollapseDetector:
         """The mean entropy of the run's first ``window`` steps."""
         self.reward_base = reward_base
         """The mean reward of the run's first ``window`` steps: where it started."""
+        self.good = good
+        """The best mean reward over a window whose format was sound: what the last good
+        point was judged at (``best`` may be higher, reached while the format drifted)."""
         self.lines: list[dict[str, Any]] = []  # since the start or the last rollback
 
     def observe(self, metrics: dict[str, Any]) -> tuple[Collapse | None, bool]:
-        """This step's verdict: (a collapse or None, whether the step is a new good point:
-        a new best mean reward, no collapse, and the format sound)."""
+        """This step's verdict: (a collapse or None, whether the step is a new good point: no
+        collapse, the format sound, and a mean reward above every earlier good point's)."""
         cfg = self.config
         self.lines.append(metrics)
         recent = self.lines[-cfg.window:]
@@ -71,9 +77,13 @@ class CollapseDetector:
         found = self._check(recent, reward, entropy, step)
         if found is not None:
             return found, False
-        if math.isfinite(reward) and (self.best is None or reward > self.best):
+        if not math.isfinite(reward):
+            return None, False
+        if self.best is None or reward > self.best:
             self.best = reward
-            return None, self._format_sound(recent)
+        if (self.good is None or reward > self.good) and self._format_sound(recent):
+            self.good = reward
+            return None, True
         return None, False
 
     def _format_sound(self, recent: list[dict[str, Any]]) -> bool:

@@ -116,11 +116,10 @@ class LearnerConfig(BaseModel):
     normalise_std: bool = True
     """``make_samples``: divide advantages by the group's std (GRPO) or not (Dr. GRPO)."""
     format_penalty: float = Field(default=0.0, ge=0)
-    """``make_samples``: subtract this times the episode's share of turns without a
-    well-formed tool call from its reward before comparing it with its group
-    (``Trajectory.shaped_reward``), so that a malformed call the tests cannot see still
-    costs, and never train on such a turn with a positive advantage (``samples_from``); 0:
-    the reward alone. The replay buffer judges equal rewards the same way."""
+    """``make_samples``: train each turn that made no well-formed tool call with advantage
+    ``min(A, 0) - format_penalty`` (``samples_from``), A its episode's: such a turn is never
+    raised and always pushed down, even where the tests cannot see it; the buffer keeps
+    groups of equal rewards that hold one. 0: every token gets its episode's advantage."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -250,10 +249,9 @@ class Learner:
     def make_samples(self, trajectories: Iterable[Trajectory]) -> list[Sample]:
         """Group-relative advantages (``normalise_std``, ``format_penalty``), then samples."""
         trajectories = list(trajectories)
-        advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std,
-                                      format_penalty=self.config.format_penalty)
+        advantages = group_advantages(trajectories, normalise_std=self.config.normalise_std)
         return samples_from(trajectories, advantages=advantages,
-                            never_reinforce_failed_calls=self.config.format_penalty > 0)
+                            failed_call_penalty=self.config.format_penalty)
 
     def step(self, samples: Sequence[Sample]) -> StepStats:
         """One policy update on ``samples``; ``version`` goes up by one."""

@@ -83,7 +83,8 @@ class Interval:
             "inference_util": util("inference"),
             # a malformed tool call: the format the warm-up taught, breaking down
             "invalid_action_frac": self.invalid / self.actions if self.actions else math.nan,
-            # groups with no learning signal (all equal rewards), which the filters drop
+            # groups of all equal rewards: no signal, so the filters drop them (unless a
+            # format penalty finds a failed call in one)
             "equal_reward_group_frac": (self.equal_groups / self.groups if self.groups
                                         else math.nan),
         }

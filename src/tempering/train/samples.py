@@ -87,16 +87,15 @@ class Sample:
 
 
 def group_advantages(trajectories: Iterable[Trajectory], *, normalise_std: bool = True,
-                     eps: float = 1e-6, format_penalty: float = 0.0) -> dict[str, float]:
+                     eps: float = 1e-6) -> dict[str, float]:
     """Each graded trajectory's advantage relative to its group, by ``trajectory_id``.
 
     Trajectories without a reward (not graded) are left out and do not count in their group's
-    mean. A trajectory with an empty ``group_id`` is a group of its own (advantage 0). With a
-    ``format_penalty`` the reward compared is ``Trajectory.shaped_reward``.
+    mean. A trajectory with an empty ``group_id`` is a group of its own (advantage 0).
     """
     groups: dict[str, list[tuple[str, float]]] = {}
     for traj in trajectories:
-        reward = traj.shaped_reward(format_penalty)
+        reward = traj.reward_value
         if reward is not None:
             key = traj.group_id or f"\0{traj.trajectory_id}"  # cannot collide with a group id
             groups.setdefault(key, []).append((traj.trajectory_id, reward))
@@ -113,21 +112,26 @@ def group_advantages(trajectories: Iterable[Trajectory], *, normalise_std: bool 
 
 
 def samples_from(trajectories: Iterable[Trajectory], *, advantages: Mapping[str, float],
-                 never_reinforce_failed_calls: bool = False) -> list[Sample]:
+                 failed_call_penalty: float = 0.0) -> list[Sample]:
     """The training samples of every trajectory that has an advantage.
 
     Trajectories missing from ``advantages`` (ungraded ones, by ``group_advantages``) are
     skipped, and so are samples with no trained token: they would add nothing to the loss.
-    With ``never_reinforce_failed_calls``, a turn that made no well-formed tool call
-    (``Step.failed_call``) is not trained on in an episode whose advantage is positive: the
-    episode succeeded despite that turn, and raising its tokens would teach the broken call.
+
+    With ``failed_call_penalty`` p > 0, the turns that made no well-formed tool call
+    (``Step.failed_call``) are trained apart from the rest of their episode, with advantage
+    ``min(A, 0) - p``: never raised, however well the episode did (it won despite them), and
+    pushed down even in a group whose rewards are all equal. The episode's other tokens keep
+    its advantage A. Such an episode gives two samples over the same ids, their masks
+    complementary, so every token is trained once.
     """
     samples: list[Sample] = []
     for traj in trajectories:
         if traj.trajectory_id not in advantages:
             continue
         advantage = float(advantages[traj.trajectory_id])
-        drop_failed = never_reinforce_failed_calls and advantage > 0
+        apart = failed_call_penalty > 0 and any(s.failed_call for s in traj.steps)
+        failed_advantage = min(advantage, 0.0) - failed_call_penalty
 
         def sample(ids: list[int], mask: list[int], logprobs: list[float],
                    versions: list[int], traj: Trajectory = traj,
@@ -138,39 +142,42 @@ def samples_from(trajectories: Iterable[Trajectory], *, advantages: Mapping[str,
         seq = traj.sequence()
         if seq is not None:
             ids, mask, _, versions = seq
-            if drop_failed:
-                mask = _without_failed_turns(traj, mask)
             # sequence() writes 0.0 where a step recorded no log-probs; NaN says "unknown".
             logprobs = [lp for step in traj.steps if step.completion_token_ids
                         or step.prompt_token_ids
                         for lp in [0.0] * len(step.prompt_token_ids) + _behaviour(step)]
-            found = [sample(ids, mask, logprobs, versions)]
+            if apart:
+                failed = _failed_turns(traj)
+                found = [sample(ids, [m * (1 - f) for m, f in zip(mask, failed, strict=True)],
+                                logprobs, versions),
+                         sample(ids, [m * f for m, f in zip(mask, failed, strict=True)],
+                                logprobs, versions, advantage=failed_advantage)]
+            else:
+                found = [sample(ids, mask, logprobs, versions)]
         else:
             found = []
             for i, step in enumerate(traj.steps):
                 n = len(step.completion_token_ids)
-                if n and not (drop_failed and step.failed_call):
+                if n:
                     prompt = traj.prompt_ids(i)
                     found.append(sample(prompt + step.completion_token_ids,
                                         [0] * len(prompt) + (step.loss_mask or [1] * n),
                                         [0.0] * len(prompt) + _behaviour(step),
-                                        [-1] * len(prompt) + [step.weights_version] * n))
+                                        [-1] * len(prompt) + [step.weights_version] * n,
+                                        advantage=failed_advantage if apart and
+                                        step.failed_call else advantage))
         samples.extend(s for s in found if s.tokens)
     return samples
 
 
-def _without_failed_turns(traj: Trajectory, mask: list[int]) -> list[int]:
-    """``mask`` (``traj.sequence()``'s) with the completions of failed-call turns set to 0."""
-    out = list(mask)
-    at = 0
-    for step in traj.steps:  # the layout of sequence(): each turn's prompt, then completion
-        if not step.completion_token_ids and not step.prompt_token_ids:
-            continue
-        at += len(step.prompt_token_ids)
-        n = len(step.completion_token_ids)
-        if step.failed_call:
-            out[at:at + n] = [0] * n
-        at += n
+def _failed_turns(traj: Trajectory) -> list[int]:
+    """1 on the completion tokens of failed-call turns, 0 elsewhere, laid out as
+    ``traj.sequence()`` lays out the episode: each turn's prompt, then its completion."""
+    out: list[int] = []
+    for step in traj.steps:
+        if step.completion_token_ids or step.prompt_token_ids:
+            out += [0] * len(step.prompt_token_ids)
+            out += [int(step.failed_call)] * len(step.completion_token_ids)
     return out
 
 

@@ -92,7 +92,7 @@ class Trainer:
         self.learner = await asyncio.to_thread(Learner, model_dir, cfg.learner)
         self.buffer = ReplayBuffer(batch_groups=cfg.rollout.batch_groups,
                                    max_staleness=cfg.max_staleness,
-                                   filters=group_pipeline(cfg.learner.format_penalty))
+                                   filters=group_pipeline(cfg.learner.format_penalty > 0))
         self.store = TrajectoryStore(self.run_dir)  # recovers what a killed run left
         self.group_log = checkpoints.GroupLog(self.run_dir)
         state = await asyncio.to_thread(self._resume)
@@ -101,7 +101,8 @@ class Trainer:
         self.step = state.step if state else 0
         self.detector = CollapseDetector(cfg.collapse, best=state.best_reward if state else None,
                                          entropy_base=state.entropy_base if state else None,
-                                         reward_base=state.reward_base if state else None)
+                                         reward_base=state.reward_base if state else None,
+                                         good=state.good_reward if state else None)
         if state is not None:
             self.rollbacks, self._good_step = state.rollbacks, state.good_step
             self._good_version = state.good_version
@@ -314,14 +315,18 @@ class Trainer:
         return self._snapshots[max(older) if older else min(self._snapshots)]
 
     def _finished(self) -> bool:
-        """``steps`` done, or ``target_reward`` reached (over the steps logged, resumed too)."""
+        """``steps`` done, or ``target_reward`` reached (over the steps logged, resumed too)
+        by steps that are all of the weights now trained: none that detected a collapse or
+        came before the last rollback."""
         cfg = self.config
         if self.step >= cfg.steps:
             return True
         if cfg.target_reward is None:
             return False
-        recent = [m["reward_mean"] for m in self.metrics.lines[-cfg.target_window:]
-                  if math.isfinite(m["reward_mean"])]
+        window = self.metrics.lines[-cfg.target_window:]
+        if any("collapse" in m or m.get("rollbacks", 0) != self.rollbacks for m in window):
+            return False
+        recent = [m["reward_mean"] for m in window if math.isfinite(m["reward_mean"])]
         return len(recent) == cfg.target_window and (
             sum(recent) / len(recent) >= cfg.target_reward)
 
@@ -402,7 +407,7 @@ class Trainer:
             buffer=self.buffer.state_dict(), rollbacks=self.rollbacks,
             lr_scale=self.learner.lr_scale, best_reward=self.detector.best,
             entropy_base=self.detector.entropy_base, reward_base=self.detector.reward_base,
-            good_step=self._good_step,
+            good_step=self._good_step, good_reward=self.detector.good,
             good_version=self._good_version)
         await asyncio.to_thread(checkpoints.write, self.run_dir, state, self.learner.save,
                                 keep=self.config.keep_checkpoints)
@@ -448,9 +453,11 @@ class Trainer:
         self._filtered_at_step = self.buffer.stats().dropped["filtered"]
         await self._checkpoint()
         await self._publish()
+        good = self.detector.good
+        judged = "n/a: the starting model" if good is None else f"{good:.2f}"
         action = (f"rollback {self.rollbacks} of {cfg.collapse.max_rollbacks}: the weights "
                   f"that sampled the best steps (version {self._good_version}, judged at step "
-                  f"{self._good_step}, best mean reward {self.detector.best or 0:.2f}) "
+                  f"{self._good_step}, mean reward {judged}) "
                   f"published as version {self.learner.version}, learning rate x"
                   f"{self.learner.lr_scale:g}; {dropped} buffered groups of the collapsed "
                   "weights dropped")

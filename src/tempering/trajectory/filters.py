@@ -206,23 +206,25 @@ class DropZeroVariance(JudgingFilter):
     keep_ungrouped: bool = True
     """Keep trajectories with an empty ``group_id`` (each would be a group of one, always zero
     variance); False drops them (reason ``ungrouped``)."""
-    format_penalty: float = 0.0
-    """Compare ``Trajectory.shaped_reward(format_penalty)``, as training does with that
-    penalty: a group that scored all 1 but where some calls were malformed still teaches."""
+    keep_failed_calls: bool = False
+    """Keep a group of equal rewards when one of its graded episodes has a turn without a
+    well-formed tool call (``Trajectory.failed_calls``): a learner with a format penalty
+    (``learner.format_penalty``) trains on that turn whatever the rewards."""
 
     def __post_init__(self) -> None:
         if not self.eps >= 0:
             raise ConfigError(f"eps={self.eps}: must be a number >= 0")
-        if not self.format_penalty >= 0:
-            raise ConfigError(f"format_penalty={self.format_penalty}: must be a number >= 0")
 
     def judge(self, trajs: list[Trajectory]) -> list[Verdict]:
         rewards: dict[str, list[float]] = {}
+        teaching: set[str] = set()  # groups with a failed call to penalise
         for t in trajs:
-            reward = t.shaped_reward(self.format_penalty)
-            if t.group_id and reward is not None:
-                rewards.setdefault(t.group_id, []).append(reward)
-        flat = {g for g, rs in rewards.items() if len(rs) < 2 or max(rs) - min(rs) <= self.eps}
+            if t.group_id and t.reward_value is not None:
+                rewards.setdefault(t.group_id, []).append(t.reward_value)
+                if self.keep_failed_calls and t.failed_calls:
+                    teaching.add(t.group_id)
+        flat = {g for g, rs in rewards.items() if g not in teaching and (
+            len(rs) < 2 or max(rs) - min(rs) <= self.eps)}
         out = []
         for t in trajs:
             if not t.group_id:
@@ -373,9 +375,9 @@ class FilterOptions(BaseModel):
     """Drop trajectories without a group_id (kept by default)."""
     variance_eps: float = 1e-6
     """Rewards closer than this count as equal."""
-    format_penalty: float = 0.0
-    """Judge equal rewards after subtracting this times each episode's share of turns without
-    a well-formed tool call (the trainer's learner.format_penalty)."""
+    keep_failed_calls: bool = False
+    """Keep a group of equal rewards if one of its episodes made a malformed tool call or
+    none in some turn (what a trainer with learner.format_penalty does)."""
     success_threshold: float | None = 1.0
     """Reward at which an episode counts as a success for the recovered mark."""
     only_recovered: bool = False
@@ -397,7 +399,7 @@ def build_pipeline(options: FilterOptions | None = None) -> Pipeline:
                                    min_steps=o.min_steps))
     if not o.keep_zero_variance:
         filters.append(DropZeroVariance(eps=o.variance_eps, keep_ungrouped=not o.drop_ungrouped,
-                                        format_penalty=o.format_penalty))
+                                        keep_failed_calls=o.keep_failed_calls))
     filters.append(MarkRecovered(threshold=o.success_threshold, keep_only=o.only_recovered))
     return Pipeline(filters)
 

@@ -176,21 +176,10 @@ class Trajectory(BaseModel):
         return None if self.reward is None else self.reward.reward
 
     @property
-    def failed_call_frac(self) -> float:
-        """The share of the policy's own turns (inherited ones aside) that made no well-formed
-        tool call: a malformed one (action ``invalid``) or none at all (``message``)."""
-        own = [s for s in self.steps if not s.inherited]
-        return sum(s.failed_call for s in own) / len(own) if own else 0.0
-
-    def shaped_reward(self, format_penalty: float = 0.0) -> float | None:
-        """``reward_value`` less ``format_penalty`` x ``failed_call_frac`` (None if ungraded):
-        what training compares within a group when the action format counts. Tests often
-        cannot see a malformed call that was retried (a ``submit`` that came out garbled),
-        so without this its tokens get a gradient of pure noise and their format drifts."""
-        reward = self.reward_value
-        if reward is None or not format_penalty:
-            return reward
-        return reward - format_penalty * self.failed_call_frac
+    def failed_calls(self) -> int:
+        """The policy's own turns (inherited ones aside) that made no well-formed tool call
+        (``Step.failed_call``)."""
+        return sum(s.failed_call and not s.inherited for s in self.steps)
 
     @property
     def versions(self) -> list[int]:
