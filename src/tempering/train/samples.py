@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tempering.trajectory.schema import Step, Trajectory
 
 if TYPE_CHECKING:
     import torch
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -143,11 +146,10 @@ def samples_from(trajectories: Iterable[Trajectory], *, advantages: Mapping[str,
         if seq is not None:
             ids, mask, _, versions = seq
             # sequence() writes 0.0 where a step recorded no log-probs; NaN says "unknown".
-            logprobs = [lp for step in traj.steps if step.completion_token_ids
-                        or step.prompt_token_ids
-                        for lp in [0.0] * len(step.prompt_token_ids) + _behaviour(step)]
+            logprobs = _laid_out(traj, 0.0, _behaviour)
             if apart:
-                failed = _failed_turns(traj)
+                failed = _laid_out(traj, 0, lambda s: [int(s.failed_call)]
+                                   * len(s.completion_token_ids))
                 found = [sample(ids, [m * (1 - f) for m, f in zip(mask, failed, strict=True)],
                                 logprobs, versions),
                          sample(ids, [m * f for m, f in zip(mask, failed, strict=True)],
@@ -170,15 +172,11 @@ def samples_from(trajectories: Iterable[Trajectory], *, advantages: Mapping[str,
     return samples
 
 
-def _failed_turns(traj: Trajectory) -> list[int]:
-    """1 on the completion tokens of failed-call turns, 0 elsewhere, laid out as
-    ``traj.sequence()`` lays out the episode: each turn's prompt, then its completion."""
-    out: list[int] = []
-    for step in traj.steps:
-        if step.completion_token_ids or step.prompt_token_ids:
-            out += [0] * len(step.prompt_token_ids)
-            out += [int(step.failed_call)] * len(step.completion_token_ids)
-    return out
+def _laid_out(traj: Trajectory, prompt: T, completion: Callable[[Step], list[T]]) -> list[T]:
+    """A value per token, laid out as ``traj.sequence()`` lays out the episode: ``prompt`` on
+    each turn's prompt tokens, then ``completion(step)`` on its completion's."""
+    return [v for step in traj.steps if step.completion_token_ids or step.prompt_token_ids
+            for v in [prompt] * len(step.prompt_token_ids) + completion(step)]
 
 
 def _behaviour(step: Step) -> list[float]:
