@@ -364,3 +364,31 @@ def test_epochs_pass_over_the_batch_again_against_one_prox(tiny_model_dir: Path)
     assert stats.by_staleness and all(row["behav_kl"] < 1e-4
                                       for row in stats.by_staleness.values())
     assert stats.entropy > 0
+
+
+def test_target_kl_ends_the_step_and_lowers_the_rate(tiny_model_dir: Path) -> None:
+    """A pass that finds the policy over 1.5x ``target_kl`` is not applied: a step cut after
+    its first pass leaves the weights a one-epoch step leaves. A step that went over 2x it
+    divides the next rate by 1.5; quiet steps raise it back, never above ``lr``."""
+    one = Learner(tiny_model_dir, LearnerConfig(lr=1e-2))
+    one.step(batch(0))
+    cut = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, target_kl=1e-9))
+    stats = cut.step(batch(0))
+    assert stats.passes == 1 and stats.approx_kl_max > 2e-9 and stats.lr == 1e-2
+    for name, value in cut.model.state_dict().items():
+        assert torch.equal(value, one.model.state_dict()[name]), name
+    assert cut.kl_lr_scale == pytest.approx(1 / 1.5)
+    assert cut.lr_at(cut.version) == pytest.approx(1e-2 / 1.5)
+    assert cut.step(batch(1)).lr == pytest.approx(1e-2 / 1.5)
+
+    free = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, target_kl=10.0))
+    free.kl_lr_scale = 1 / 2.25  # as if two steps had gone too far
+    stats = free.step(batch(0))
+    assert stats.passes == 4 and 0 < stats.approx_kl_max < 5.0
+    assert free.kl_lr_scale == pytest.approx(1 / 1.5)  # a quiet step: x1.5
+    free.step(batch(1))
+    free.step(batch(0))
+    assert free.kl_lr_scale == 1.0  # and never above lr
+
+    off = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4)).step(batch(0))
+    assert off.passes == 4 and off.approx_kl_max > 0  # measured, nothing cut

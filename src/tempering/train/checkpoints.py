@@ -61,6 +61,8 @@ class RunState(BaseModel):
     """Rollbacks after a collapse so far."""
     lr_scale: float = 1.0
     """What the rollbacks have multiplied the learning rate by."""
+    kl_lr_scale: float = 1.0
+    """What ``learner.target_kl`` has multiplied it by."""
     best_reward: float | None = None
     """The best mean reward the collapse detector has seen (``collapse.py``)."""
     entropy_base: float | None = None

@@ -120,6 +120,12 @@ class LearnerConfig(BaseModel):
     ``min(A, 0) - format_penalty`` (``samples_from``), A its episode's: such a turn is never
     raised and always pushed down, even where the tests cannot see it; the buffer keeps
     groups of equal rewards that hold one. 0: every token gets its episode's advantage."""
+    target_kl: float | None = Field(default=None, gt=0)
+    """Hold each step's move, the mean k3 KL(π_prox ‖ π_θ) of its trained tokens, near this
+    (the KL-adaptive step of PPO implementations): a pass after the first that finds the
+    policy already over 1.5x it is not applied and ends the step, and after a step whose
+    largest KL was over 2x it the learning rate is divided by 1.5; under half of it, multiplied
+    by 1.5 again (never above ``lr``, never below ``lr / 100``). None: neither."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -151,6 +157,14 @@ class StepStats:
     ratio_mean: float
     approx_kl: float
     """Mean k3 KL(π_prox ‖ π_θ) at the forward passes: how far the update has gone."""
+    approx_kl_max: float
+    """The largest of the passes' ``approx_kl``: how far the step had gone at its last look
+    (0 with one pass, which is taken at π_prox)."""
+    passes: int
+    """Optimizer steps applied: ``epochs x mini_batches``, fewer where ``target_kl`` ended the
+    step early."""
+    lr: float
+    """The learning rate of the step's optimizer steps."""
     is_weight_mean: float
     is_truncated_frac: float
     """Share of trained tokens whose weight was truncated (or, with ``is_mode="mask"``,
@@ -221,6 +235,8 @@ class Learner:
         self.version = 0
         self.lr_scale = 1.0
         """Multiplies the learning rate (a rollback after a collapse lowers it)."""
+        self.kl_lr_scale = 1.0
+        """Multiplies the learning rate too: what ``target_kl`` has made of it, in [0.01, 1]."""
         self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         self._context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         # transformers >= 4.50 projects only chosen positions onto the vocabulary.
@@ -274,12 +290,15 @@ class Learner:
         grad_norms: list[torch.Tensor] = []
         ages = [self.version - s.version for s in samples]
         behaviour = _BehaviourStats(cfg.is_cap, cfg.is_level, cfg.is_mode)
-        micro = 0
+        micro = passes = looked = 0
+        lr = self.lr_at(self.version)
+        pass_kls: list[float] = []
         for n, mini in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             chosen = [samples[i] for i in mini]
             denominator = float(max(1, sum(s.tokens for s in chosen)) if cfg.loss_agg ==
                                 "token-mean" else max(1, sum(s.tokens > 0 for s in chosen)))
+            mini_kl = torch.zeros(2, device=self.device)  # (KL x tokens, tokens) of this pass
             for group in pack([len(s.ids) for s in chosen], cfg.micro_batch_tokens):
                 batch = collate([chosen[j] for j in group], self.device,
                                 None if prox is None else [prox[mini[j]] for j in group],
@@ -312,13 +331,20 @@ class Learner:
                 for key, value in stats.items():
                     sums[key] = sums[key] + value * weight if key in sums else value * weight
                 sums["is_weight_max"] = torch.maximum(sums.get("is_weight_max", is_max), is_max)
+                mini_kl += torch.stack([stats["approx_kl"].detach() * weight, weight])
                 micro += 1
+            looked += 1
+            if n > 0:  # the first pass is taken at π_prox: its KL is 0
+                pass_kls.append((mini_kl[0] / mini_kl[1].clamp(min=1)).item())
+                if cfg.target_kl is not None and pass_kls[-1] > 1.5 * cfg.target_kl:
+                    break  # this pass's update is not applied, nor any after it
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                   cfg.max_grad_norm or math.inf)
             if torch.isfinite(norm):
                 for params in self.optimizer.param_groups:
-                    params["lr"] = self.lr_at(self.version)
+                    params["lr"] = lr
                 self.optimizer.step()
+                passes += 1
             else:  # one poisoned batch must not destroy the weights
                 log.warning("gradient norm %s at version %d: update skipped", norm.item(),
                             self.version)
@@ -328,16 +354,23 @@ class Learner:
                 "kl"]
         zero = torch.zeros((), device=self.device)
         # token means over every pass (each pass of ``epochs`` adds the batch's tokens again)
-        figures = torch.stack([*(losses / len(minis)), torch.stack(grad_norms).mean(),
+        figures = torch.stack([*(losses / looked), torch.stack(grad_norms).mean(),
                                *(sums.get(k, zero) / weights.clamp(min=1) for k in keys),
                                sums.get("is_weight_max", zero)]).tolist()
         (loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl,
          is_max) = figures
         overall, by_age = behaviour.figures()
+        kl_max = max(pass_kls, default=0.0)
+        if cfg.target_kl is not None:
+            if kl_max > 2 * cfg.target_kl:
+                self.kl_lr_scale = max(0.01, self.kl_lr_scale / 1.5)
+            elif kl_max < cfg.target_kl / 2:
+                self.kl_lr_scale = min(1.0, self.kl_lr_scale * 1.5)
         self.version += 1
         return StepStats(
             version=self.version, loss=loss, pg_loss=pg_loss, kl=kl, clip_frac=clip_frac,
-            ratio_mean=ratio_mean, approx_kl=approx_kl, is_weight_mean=is_w,
+            ratio_mean=ratio_mean, approx_kl=approx_kl, approx_kl_max=kl_max, passes=passes,
+            lr=lr, is_weight_mean=is_w,
             is_truncated_frac=is_trunc, is_weight_max=is_max, behav_kl=overall["behav_kl"],
             entropy=overall["entropy"], by_staleness=by_age, grad_norm=grad_norm,
             tokens=tokens, samples=len(samples), micro_batches=micro,
@@ -348,8 +381,8 @@ class Learner:
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes version ``version + 1``."""
         warmup = self.config.lr_warmup_steps
-        return self.lr_scale * self.config.lr * (min(1.0, (version + 1) / warmup) if warmup
-                                                 else 1.0)
+        return self.lr_scale * self.kl_lr_scale * self.config.lr * (
+            min(1.0, (version + 1) / warmup) if warmup else 1.0)
 
     def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
         """Each sample's per-token log-probs under the current weights: of every trained token

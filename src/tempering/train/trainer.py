@@ -107,6 +107,7 @@ class Trainer:
             self.rollbacks, self._good_step = state.rollbacks, state.good_step
             self._good_version = state.good_version
             self.learner.lr_scale = state.lr_scale
+            self.learner.kl_lr_scale = state.kl_lr_scale
         self._filtered_at_step = self.buffer.stats().dropped["filtered"]
         self._wall_before = state.wall_s if state else 0.0
         self._idle_s = state.idle_s if state else 0.0
@@ -360,9 +361,10 @@ class Trainer:
             "grad_norm": _round(stats.grad_norm), "is_weight_mean": _round(stats.is_weight_mean),
             "is_weight_max": _round(stats.is_weight_max),
             "is_truncated_frac": _round(stats.is_truncated_frac),
-            "approx_kl": _round(stats.approx_kl), "ratio_mean": _round(stats.ratio_mean),
+            "approx_kl": _round(stats.approx_kl), "approx_kl_max": _round(stats.approx_kl_max),
+            "passes": stats.passes, "ratio_mean": _round(stats.ratio_mean),
             "behav_kl": _round(stats.behav_kl), "entropy": _round(stats.entropy), **by_age,
-            "lr": _round(self.learner.lr_at(stats.version - 1)),
+            "lr": _round(stats.lr),
             "reward_by_task": by_task,
             "buffered_groups": buffer.buffered_groups, "dropped_stale": buffer.dropped["stale"],
             "dropped_filtered": buffer.dropped["filtered"], "rollout_errors": self._errors,
@@ -405,7 +407,8 @@ class Trainer:
             groups_logged=self.group_log.lines, idle_s=self._idle_s,
             busy_from_s=self._busy_from or 0.0, tasks_drawn=self._tasks_drawn,
             buffer=self.buffer.state_dict(), rollbacks=self.rollbacks,
-            lr_scale=self.learner.lr_scale, best_reward=self.detector.best,
+            lr_scale=self.learner.lr_scale, kl_lr_scale=self.learner.kl_lr_scale,
+            best_reward=self.detector.best,
             entropy_base=self.detector.entropy_base, reward_base=self.detector.reward_base,
             good_step=self._good_step, good_reward=self.detector.good,
             good_version=self._good_version)
