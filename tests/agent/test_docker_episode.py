@@ -28,6 +28,8 @@ def docker_task(tmp_path: Path, docker_ready: None) -> Task:
     return load_task(root)
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow): the default run keeps
+# under 15 minutes
 async def test_an_episode_and_its_branches_run_on_docker(docker_task: Task) -> None:
     assert docker_task.sandbox.backend == "docker"
     solve = [("bash", {"command": "cd /tmp && export WHERE=docker"}),

@@ -383,6 +383,8 @@ def test_tempering_serve_records_episodes_into_the_run_dir(tiny_model_dir: Path,
     assert stored[1].steps[0].completion_token_ids == answer.json()["choices"][0]["token_ids"]
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow): the default run keeps
+# under 15 minutes
 def test_tempering_serve_allow_weight_updates_loads_weights_beyond_loopback(
         tiny_model_dir: Path) -> None:
     import os

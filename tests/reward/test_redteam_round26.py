@@ -226,6 +226,8 @@ def slugify(title):
 '''
 
 
+@pytest.mark.slow  # in CI's second run (scripts/test.sh -m slow): the default run keeps
+# under 15 minutes
 async def test_each_verifier_starts_with_nothing_of_the_agents_running(tmp_path):
     task = verified_task(tmp_path, "auto")
     (tmp_path / "verifiers" / "runs_agent.py").write_text(RUNS_AGENT)
