@@ -264,3 +264,38 @@ async def test_cancelled_and_closed(tiny_model_dir: Path) -> None:
         await pending
     with pytest.raises(PolicyError, match="closed"):
         await engine.generate(ask("d"))
+
+
+def test_the_race_samples_the_tempered_nucleus_distribution() -> None:
+    """``sample``'s exponential race draws each token with its tempered probability, renormalised
+    over the top-p nucleus, records the log-prob before truncation, and a seed draws the same
+    token whatever else is in the batch."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tempering.policy.batch import sample
+
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 6000
+
+    def draw(temperature: float, top_p: float, seeds: range = range(n)) -> tuple[
+            torch.Tensor, torch.Tensor]:
+        rows = [SimpleNamespace(request=SimpleNamespace(sampling=SimpleNamespace(
+            temperature=temperature, top_p=top_p)), generator=torch.Generator().manual_seed(i))
+            for i in seeds]
+        return sample(p.log().expand(len(rows), 4).clone(), rows)  # type: ignore[arg-type]
+
+    tokens, logprobs = draw(1.0, 1.0)
+    assert torch.allclose(torch.bincount(tokens, minlength=4) / n, p, atol=0.025)
+    assert torch.allclose(logprobs, p.log()[tokens])
+    tokens, logprobs = draw(0.5, 1.0)  # p ** 2, renormalised
+    assert torch.allclose(torch.bincount(tokens, minlength=4) / n, p ** 2 / (p ** 2).sum(),
+                          atol=0.025)
+    assert torch.allclose(logprobs, (p ** 2 / (p ** 2).sum()).log()[tokens])
+    tokens, logprobs = draw(1.0, 0.8)  # 0.5 + 0.3 reach 0.8: the other two are cut
+    freq = torch.bincount(tokens, minlength=4) / n
+    assert freq[2:].sum() == 0 and abs(freq[0] - 0.625) < 0.025, freq
+    assert torch.allclose(logprobs, p.log()[tokens])  # before truncation
+    batch, _ = draw(1.0, 1.0, range(100))
+    assert all(draw(1.0, 1.0, range(i, i + 1))[0].item() == batch[i] for i in range(0, 100, 7))

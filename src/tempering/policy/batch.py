@@ -155,9 +155,12 @@ def sample(logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.T
         drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p < 1)[:, None]
         scores.masked_fill_(drop.scatter(-1, order, drop), float("-inf"))
     # Exponential race (Gumbel-max): argmax of log p - log E with E ~ Exp(1), one draw per
-    # vocabulary entry from the row's own generator.
-    race = torch.stack([torch.empty(logits.shape[-1], device=logits.device)
-                        .exponential_(generator=r.generator) for r in rows])
+    # vocabulary entry from the row's own generator. E = -log U with U uniform: a uniform draw
+    # costs a fifth of an ``exponential_`` one on a CPU, and this is a draw per row per token.
+    uniform = torch.empty(logits.shape, device=logits.device)
+    for i, r in enumerate(rows):
+        uniform[i].uniform_(generator=r.generator)
+    race = -uniform.log()  # U = 0 gives E = inf: that token cannot win
     # E can round to 0 (log -inf), which would let a dropped token (-inf) win as NaN.
     sampled = (scores - race.clamp(min=torch.finfo(race.dtype).tiny).log()).argmax(dim=-1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
