@@ -292,7 +292,7 @@ class Learner:
         behaviour = _BehaviourStats(cfg.is_cap, cfg.is_level, cfg.is_mode)
         micro = passes = looked = 0
         lr = self.lr_at(self.version)
-        pass_kls: list[float] = []
+        pass_kls: list[torch.Tensor] = []  # on the device: read with the step's figures
         for n, mini in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             chosen = [samples[i] for i in mini]
@@ -335,8 +335,9 @@ class Learner:
                 micro += 1
             looked += 1
             if n > 0:  # the first pass is taken at π_prox: its KL is 0
-                pass_kls.append((mini_kl[0] / mini_kl[1].clamp(min=1)).item())
-                if cfg.target_kl is not None and pass_kls[-1] > 1.5 * cfg.target_kl:
+                pass_kls.append(mini_kl[0] / mini_kl[1].clamp(min=1))
+                # a sync a pass, only where target_kl needs the value now
+                if cfg.target_kl is not None and pass_kls[-1].item() > 1.5 * cfg.target_kl:
                     break  # this pass's update is not applied, nor any after it
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                   cfg.max_grad_norm or math.inf)
@@ -356,11 +357,11 @@ class Learner:
         # token means over every pass (each pass of ``epochs`` adds the batch's tokens again)
         figures = torch.stack([*(losses / looked), torch.stack(grad_norms).mean(),
                                *(sums.get(k, zero) / weights.clamp(min=1) for k in keys),
-                               sums.get("is_weight_max", zero)]).tolist()
+                               sums.get("is_weight_max", zero),
+                               torch.stack(pass_kls).max() if pass_kls else zero]).tolist()
         (loss, pg_loss, grad_norm, clip_frac, ratio_mean, approx_kl, is_w, is_trunc, kl,
-         is_max) = figures
+         is_max, kl_max) = figures
         overall, by_age = behaviour.figures()
-        kl_max = max(pass_kls, default=0.0)
         if cfg.target_kl is not None:
             if kl_max > 2 * cfg.target_kl:
                 self.kl_lr_scale = max(0.01, self.kl_lr_scale / 1.5)
