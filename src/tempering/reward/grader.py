@@ -48,7 +48,7 @@ from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
-from tempering.tasks.task import Task, VerifierConfig
+from tempering.tasks.task import GradingConfig, Task, VerifierConfig
 
 GRADING_OUTPUT_LIMIT = 8 << 20
 KEPT = 1024  # tasks whose canary imports and compiled tests are remembered
@@ -198,6 +198,10 @@ class Grader:
         _judge(run, tests, expected, flags, details)
         all_or_fraction = (passed == expected) if task.config.grading.scoring == "all" else (
             passed / expected)
+        listed = listed_components(task.config.grading, tests)
+        components.update(listed)
+        if listed and task.config.grading.scoring == "all":  # resolved: SWE-bench's test
+            all_or_fraction = all_or_fraction and all(v == 1.0 for v in listed.values())
         components["tests"] = float(all_or_fraction)
         # Lint and rules judge working code: scaled by the tests' score, a clean change that
         # solves nothing earns nothing on them (red team, round thirty-three: a constant stub
@@ -459,6 +463,20 @@ def _test_results(run: TestRun, expected: int) -> list[TestResult]:
     results += [TestResult(id=f"<not collected #{i + 1}>", outcome="missing")
                 for i in range(max(0, expected - len(results)))]
     return results
+
+
+def listed_components(grading: GradingConfig, tests: list[TestResult]) -> dict[str, float]:
+    """``fail_to_pass`` / ``pass_to_pass``: the fraction of each list's tests that passed
+    (those of a task that lists them)."""
+    return {name: sum(listed_passed(test_id, tests) for test_id in ids) / len(ids)
+            for name, ids in (("fail_to_pass", grading.fail_to_pass),
+                              ("pass_to_pass", grading.pass_to_pass)) if ids}
+
+
+def listed_passed(test_id: str, tests: list[TestResult]) -> bool:
+    """Whether the test ``test_id`` ran and passed: every case of a parametrized one."""
+    cases = [t for t in tests if t.id == test_id or t.id.startswith(test_id + "[")]
+    return bool(cases) and all(t.outcome == "passed" for t in cases)
 
 
 def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str],

@@ -29,7 +29,7 @@ from tempering.errors import ConfigError
 from tempering.sandbox import Sandbox, SandboxSpec
 from tempering.tasks.files import FileTree, Limits, check_path
 
-BUILTIN_COMPONENTS = ("tests", "lint", "rules")
+BUILTIN_COMPONENTS = ("tests", "lint", "rules", "fail_to_pass", "pass_to_pass")
 
 
 def pytest_args(command: str) -> list[str]:
@@ -93,6 +93,16 @@ class GradingConfig(_Model):
     """Whether compiled modules the agent leaves (``*.so``, ``*.pyd``: Python imports them
     before a ``.py`` of the same name) reach the grading sandbox. Off, they are dropped with
     the ``binary_dropped`` note; turn it on for tasks that build extensions."""
+    fail_to_pass: list[str] = []
+    """Hidden test ids (``tests/test_x.py::test_name``; a parametrized test by its name, then
+    every case counts) that fail on the untouched workspace and that the agent's change must
+    make pass: SWE-bench's FAIL_TO_PASS. The ``fail_to_pass`` component is the fraction of them
+    that passed; a test that did not run counts as failed."""
+    pass_to_pass: list[str] = []
+    """Hidden test ids that pass on the untouched workspace and must still pass
+    (PASS_TO_PASS); the ``pass_to_pass`` component likewise. With either list and ``scoring =
+    "all"``, the tests component is 1 only when every test ran, passed, and both lists are
+    whole: the instance is resolved."""
 
     @model_validator(mode="after")
     def _plain_takes_paths(self) -> GradingConfig:
@@ -100,6 +110,23 @@ class GradingConfig(_Model):
         if self.runner == "plain" and options:
             raise ValueError(f"runner 'plain' takes test paths only, not {' '.join(options)}: "
                              "use runner = 'pytest' for pytest options")
+        return self
+
+    @model_validator(mode="after")
+    def _test_lists(self) -> GradingConfig:
+        for name, ids in (("fail_to_pass", self.fail_to_pass),
+                          ("pass_to_pass", self.pass_to_pass)):
+            malformed = [i for i in ids if "::" not in i or not i.split("::")[0].endswith(".py")]
+            if malformed:
+                raise ValueError(f"grading.{name}: {malformed[:3]} are not test ids; write "
+                                 "them as the grader reports them: tests/test_x.py::test_name")
+            doubled = sorted({i for i in ids if ids.count(i) > 1})
+            if doubled:
+                raise ValueError(f"grading.{name} lists {doubled[:3]} more than once")
+        both = sorted(set(self.fail_to_pass) & set(self.pass_to_pass))
+        if both:
+            raise ValueError(f"{both[:3]} are in both grading.fail_to_pass and "
+                             "grading.pass_to_pass; a test is in one or the other")
         return self
 
     @field_validator("tests_dir")

@@ -49,7 +49,26 @@ async def validate_task(task: Task, grader: Grader) -> Validation:
     if untouched is not None and untouched.reward >= 1.0:
         problems.append("the untouched workspace already scores 1: the task rewards doing "
                         "nothing")
+    if untouched is not None:
+        problems += _listed_problems(task, untouched)
     return Validation(task.id, solution, untouched, tuple(problems))
+
+
+def _listed_problems(task: Task, untouched: RewardResult) -> list[str]:
+    """A SWE-bench-style task's lists, against the untouched workspace: every fail-to-pass
+    test fails there and every pass-to-pass test passes."""
+    from tempering.reward.grader import listed_passed
+
+    grading, problems = task.config.grading, []
+    passing = [i for i in grading.fail_to_pass if listed_passed(i, untouched.tests)]
+    if passing:
+        problems.append(f"fail_to_pass tests already pass on the untouched workspace: "
+                        f"{', '.join(passing[:3])}")
+    failing = [i for i in grading.pass_to_pass if not listed_passed(i, untouched.tests)]
+    if failing:
+        problems.append(f"pass_to_pass tests do not pass on the untouched workspace (or did "
+                        f"not run): {', '.join(failing[:3])}")
+    return problems
 
 
 async def validate_tasks(tasks: Sequence[Task], *, concurrency: int = 4, warm: int = 0,
