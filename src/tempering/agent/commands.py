@@ -29,8 +29,9 @@ Examples:
   tempering rollout humaneval:20 --policy openai:http://127.0.0.1:8000/v1 --model tiny
   tempering traj stats runs/rollout-20261130-101500
 
-TASK is a task directory, `humaneval` (all 164 problems), `humaneval:N` (the first N), or
-`switchboard[:LAYOUTS]` (the built-in family a tiny model can learn; 4 layouts by default).
+TASK is a task directory, `humaneval` (all 164 problems), `humaneval:N` (the first N),
+`switchboard[:LAYOUTS]` (the built-in family a tiny model can learn; 4 layouts by default) or
+`repo-bugs[:N]` (small repositories with one seeded bug each, graded by their test suites).
 POLICY is `tiny` (the local engine on a tiny model built here), `local:DIR` (a transformers
 model directory) or `openai:URL` (any OpenAI-compatible server: vLLM, SGLang, `tempering serve`;
 the key is read from $OPENAI_API_KEY).
@@ -66,11 +67,18 @@ def load_task_specs(specs: list[str], *, slow: tuple[float, float, float] | None
 
             tasks += switchboard(layouts=_count(spec, count, " of table layouts") or 4,
                                  slow=slow)
+        elif name == "repo-bugs":
+            from tempering.tasks.repo_bugs import repo_bugs
+
+            try:
+                tasks += repo_bugs(_count(spec, count, ""))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         elif Path(spec).is_dir():
             tasks.append(load_task(spec))
         else:
-            raise UsageError(f"task {spec!r} is neither a task directory, humaneval[:N] nor "
-                             "switchboard[:LAYOUTS]")
+            raise UsageError(f"task {spec!r} is neither a task directory, humaneval[:N], "
+                             "switchboard[:LAYOUTS] nor repo-bugs[:N]")
     return tasks
 
 
@@ -191,7 +199,8 @@ def add_rollout_command(commands: Any) -> None:
                     "directory's trajectory store. Prints progress, then a table by status.",
         epilog=_EPILOG)
     rollout.add_argument("tasks", nargs="+", metavar="TASK",
-                         help="task directories, humaneval[:N] or switchboard[:LAYOUTS]")
+                         help="task directories, humaneval[:N], switchboard[:LAYOUTS] or "
+                              "repo-bugs[:N]")
     rollout.add_argument("--policy", default="tiny", metavar="POLICY",
                          help="tiny, local:DIR or openai:URL (default: tiny)")
     rollout.add_argument("--model", metavar="NAME", help="the model name for openai:URL")

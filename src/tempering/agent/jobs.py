@@ -99,11 +99,15 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
 
 def _task(ref: str) -> Task:
     """A task from its directory, or a built-in one from its id (``HumanEval/12``,
-    ``switchboard/echo-0``)."""
+    ``switchboard/echo-0``, ``repo-bugs/ledger-fraction``)."""
     if ref.startswith("switchboard/"):
         from tempering.tasks.builtin import switchboard_from_id
 
         return switchboard_from_id(ref)
+    if ref.startswith("repo-bugs/"):
+        from tempering.tasks.repo_bugs import repo_bug_from_id
+
+        return repo_bug_from_id(ref)
     if ref.startswith("HumanEval/"):
         if "humaneval" not in _cache:
             from tempering.tasks.humaneval import load_humaneval

@@ -26,10 +26,10 @@ EPISODE_DEMAND = Resources.of(sandbox=1, inference=1)
 
 
 def task_ref(task: Task) -> str:
-    """What a remote worker needs to load ``task``: its directory, or its HumanEval id."""
+    """What a remote worker needs to load ``task``: its directory, or a built-in task's id."""
     if task.root is not None:
         return str(task.root.resolve())
-    if task.id.startswith(("HumanEval/", "switchboard/")):
+    if task.id.startswith(("HumanEval/", "switchboard/", "repo-bugs/")):
         return task.id
     raise ConfigError(f"task {task.id!r} has no directory a remote worker could load")
 

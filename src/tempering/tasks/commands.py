@@ -12,6 +12,7 @@ from tempering.errors import ConfigError
 
 if TYPE_CHECKING:
     from tempering.reward import RewardResult
+    from tempering.tasks import Task
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
@@ -52,10 +53,22 @@ def _cmd_tasks_validate(args: argparse.Namespace) -> int:
     from tempering.tasks.humaneval import load_humaneval
     from tempering.tasks.validate import validate_tasks
 
-    tasks = [t for d in args.dirs for t in ([*load_humaneval()] if str(d) == "humaneval"
-                                             else [load_task(d)])]
+    def named(spec: Path) -> list[Task]:
+        name, _, count = str(spec).partition(":")
+        if name == "humaneval" and not count:
+            return load_humaneval()
+        if name == "repo-bugs" and (not count or count.isdigit()):
+            from tempering.tasks.repo_bugs import repo_bugs
+
+            try:
+                return repo_bugs(int(count) if count else None)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        return [load_task(spec)]
+
+    tasks = [t for d in args.dirs for t in named(d)]
     if not tasks:
-        raise ConfigError("give task directories to validate (or `humaneval`)")
+        raise ConfigError("give task directories to validate (or `humaneval`, `repo-bugs[:N]`)")
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("validating", total=len(tasks))
@@ -109,12 +122,15 @@ def add_task_commands(commands: Any) -> None:
         "validate", help="check that tasks are valid and can teach",
         description="Load each task (every bad field is named), then grade its reference "
                     "solution (must score 1, with no tamper flag) and its untouched workspace "
-                    "(must score below 1). `humaneval` stands for the 164 built-in HumanEval "
-                    "tasks. Exit status 1 if any task is invalid.",
+                    "(must score below 1); a task that lists fail-to-pass and pass-to-pass tests "
+                    "must fail the first and pass the second untouched. `humaneval` stands for "
+                    "the 164 built-in HumanEval tasks, `repo-bugs[:N]` for the built-in "
+                    "repository tasks. Exit status 1 if any task is invalid.",
         epilog="examples:\n  tempering tasks validate examples/tasks/*\n"
-               "  tempering tasks validate humaneval --concurrency 8\n")
+               "  tempering tasks validate humaneval --concurrency 8\n"
+               "  tempering tasks validate repo-bugs\n")
     validate.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
-                          help="task directories, or `humaneval`")
+                          help="task directories, `humaneval` or `repo-bugs[:N]`")
     validate.add_argument("--concurrency", type=positive_int, default=4, metavar="C",
                           help="tasks validated at once (default: 4)")
     validate.add_argument("--all", action="store_true",

@@ -83,8 +83,8 @@ class SlowEnvConfig(_Frozen):
 
 class TasksConfig(_Frozen):
     specs: list[str] = ["switchboard:4"]
-    """Task directories, ``humaneval[:N]`` or ``switchboard[:LAYOUTS]`` (as ``tempering
-    rollout`` takes them). Groups take the tasks in turn, in this order."""
+    """Task directories, ``humaneval[:N]``, ``switchboard[:LAYOUTS]`` or ``repo-bugs[:N]`` (as
+    ``tempering rollout`` takes them). Groups take the tasks in turn, in this order."""
     slow: SlowEnvConfig | None = None
     """Heavy-tailed grading time for the switchboard family (None: none)."""
 
