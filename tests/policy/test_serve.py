@@ -519,6 +519,7 @@ async def test_a_recorder_journals_each_step_once_it_is_final(tmp_path: Path) ->
     assert [s.action for s in stored.steps] == ["bash", "message"] and stored.reward_value == 1
 
 
+@pytest.mark.slow  # CI's slow half: the default run's 15 min budget
 def test_a_killed_serve_leaves_its_open_episode_in_the_run_dir(tiny_model_dir: Path,
                                                                 tmp_path: Path) -> None:
     import os

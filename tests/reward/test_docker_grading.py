@@ -26,6 +26,7 @@ def docker_median(tmp_path: Path, docker_ready: None):  # type: ignore[no-untype
     return load_task(root)
 
 
+@pytest.mark.slow  # CI's slow half: the default run's 15 min budget
 async def test_a_docker_task_grades_and_flags(docker_median, attempt) -> None:
     assert docker_median.sandbox.backend == "docker"
     assert docker_median.sandbox.recipe is not None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tempering.reward import Grader, RewardResult
 from tempering.tasks import FileTree, Task
 from tempering.tasks.humaneval import load_humaneval
@@ -30,6 +32,7 @@ def test_the_dataset_loads_as_164_tasks() -> None:
     assert first.solution is not None and first.config.grading.expected_tests == 1
 
 
+@pytest.mark.slow  # CI's slow half: the default run's 15 min budget
 async def test_canonical_solutions_score_one_and_prompts_zero() -> None:
     tasks = load_humaneval()
     solved = await _grade_all(tasks, [t.workspace.overlay(dict(t.solution.files))  # type: ignore[union-attr]
