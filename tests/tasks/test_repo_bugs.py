@@ -12,7 +12,7 @@ from tempering.reward import Grader, RewardResult
 from tempering.tasks import Task
 from tempering.tasks.files import FileTree
 from tempering.tasks.repo_bugs import REPOS, repo_bug_from_id, repo_bugs
-from tempering.tasks.task import GradingConfig
+from tempering.tasks.task import GradingConfig, TaskConfig, TaskInfo
 from tempering.tasks.validate import validate_task
 
 
@@ -91,12 +91,22 @@ async def test_every_repo_bug_fails_exactly_its_fail_to_pass_tests() -> None:
 @pytest.mark.parametrize(("lists", "error"), [
     ({"fail_to_pass": ["test_a"]}, r"\['test_a'\] are not test ids"),
     ({"pass_to_pass": ["tests/t.py::a", "tests/t.py::a"]}, "lists .*more than once"),
+    ({"fail_to_pass": ["other/t.py::a"]}, "are not test ids; .* tests/test_x.py::test_name"),
     ({"fail_to_pass": ["tests/t.py::a"], "pass_to_pass": ["tests/t.py::a"]},
      "in both grading.fail_to_pass and grading.pass_to_pass"),
+    ({"fail_to_pass": ["tests/t.py::a"], "pass_to_pass": ["tests/t.py::a[1]", "tests/t.py::b"]},
+     r"\['tests/t.py::a\[1\]'\] are in both"),
 ])
 def test_test_lists_are_checked_when_loaded(lists: dict[str, list[str]], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         GradingConfig(**lists)  # type: ignore[arg-type]
+
+
+def test_a_weight_on_an_empty_list_is_refused() -> None:
+    with pytest.raises(ValueError, match="reward weight for pass_to_pass but grading"):
+        TaskConfig(task=TaskInfo(id="t"), reward={"tests": 1.0, "pass_to_pass": 1.0})
+    TaskConfig(task=TaskInfo(id="t"), reward={"pass_to_pass": 1.0},
+               grading=GradingConfig(pass_to_pass=["tests/t.py::a"]))
 
 
 @pytest.mark.slow

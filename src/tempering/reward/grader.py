@@ -29,7 +29,7 @@ from tempering.errors import SandboxError, SandboxStartError, VerifierError
 from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.isolation import by_syntax, exchanges_data, ran_here
 from tempering.reward.kept import Kept
-from tempering.reward.result import TAMPER, RewardResult, TestResult
+from tempering.reward.result import TAMPER, RewardResult, TestResult, listed_passed
 from tempering.reward.runner import (
     LAUNCHER_DIR,
     SEPARATE,
@@ -471,12 +471,6 @@ def listed_components(grading: GradingConfig, tests: list[TestResult]) -> dict[s
     return {name: sum(listed_passed(test_id, tests) for test_id in ids) / len(ids)
             for name, ids in (("fail_to_pass", grading.fail_to_pass),
                               ("pass_to_pass", grading.pass_to_pass)) if ids}
-
-
-def listed_passed(test_id: str, tests: list[TestResult]) -> bool:
-    """Whether the test ``test_id`` ran and passed: every case of a parametrized one."""
-    cases = [t for t in tests if t.id == test_id or t.id.startswith(test_id + "[")]
-    return bool(cases) and all(t.outcome == "passed" for t in cases)
 
 
 def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str],

@@ -90,3 +90,14 @@ class RewardResult(BaseModel):
     @property
     def tampered(self) -> bool:
         return any(flag in TAMPER for flag in self.flags)
+
+
+def listed_cases(test_id: str, tests: list[TestResult]) -> list[TestResult]:
+    """The results that ``test_id`` names: itself, or every case of a parametrized test."""
+    return [t for t in tests if t.id == test_id or t.id.startswith(test_id + "[")]
+
+
+def listed_passed(test_id: str, tests: list[TestResult]) -> bool:
+    """Whether the test ``test_id`` ran and passed: every case of a parametrized one."""
+    cases = listed_cases(test_id, tests)
+    return bool(cases) and all(t.outcome == "passed" for t in cases)

@@ -55,20 +55,25 @@ def _cmd_tasks_validate(args: argparse.Namespace) -> int:
 
     def named(spec: Path) -> list[Task]:
         name, _, count = str(spec).partition(":")
-        if name == "humaneval" and not count:
-            return load_humaneval()
-        if name == "repo-bugs" and (not count or count.isdigit()):
-            from tempering.tasks.repo_bugs import repo_bugs
+        if name not in ("humaneval", "repo-bugs") or spec.is_dir():
+            return [load_task(spec)]
+        if count and not (count.isdigit() and int(count) > 0):
+            raise ConfigError(f"{str(spec)!r}: the count after {name}: must be a whole "
+                              "number of at least 1")
+        first = int(count) if count else None
+        if name == "humaneval":
+            return load_humaneval()[:first]
+        from tempering.tasks.repo_bugs import repo_bugs
 
-            try:
-                return repo_bugs(int(count) if count else None)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        return [load_task(spec)]
+        try:
+            return repo_bugs(first)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     tasks = [t for d in args.dirs for t in named(d)]
     if not tasks:
-        raise ConfigError("give task directories to validate (or `humaneval`, `repo-bugs[:N]`)")
+        raise ConfigError("give task directories to validate (or `humaneval[:N]`, "
+                          "`repo-bugs[:N]`)")
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("validating", total=len(tasks))
@@ -124,13 +129,14 @@ def add_task_commands(commands: Any) -> None:
                     "solution (must score 1, with no tamper flag) and its untouched workspace "
                     "(must score below 1); a task that lists fail-to-pass and pass-to-pass tests "
                     "must fail the first and pass the second untouched. `humaneval` stands for "
-                    "the 164 built-in HumanEval tasks, `repo-bugs[:N]` for the built-in "
-                    "repository tasks. Exit status 1 if any task is invalid.",
+                    "the 164 built-in HumanEval tasks (`humaneval:N` the first N), "
+                    "`repo-bugs[:N]` for the built-in repository tasks. Exit status 1 if any "
+                    "task is invalid.",
         epilog="examples:\n  tempering tasks validate examples/tasks/*\n"
                "  tempering tasks validate humaneval --concurrency 8\n"
                "  tempering tasks validate repo-bugs\n")
     validate.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
-                          help="task directories, `humaneval` or `repo-bugs[:N]`")
+                          help="task directories, `humaneval[:N]` or `repo-bugs[:N]`")
     validate.add_argument("--concurrency", type=positive_int, default=4, metavar="C",
                           help="tasks validated at once (default: 4)")
     validate.add_argument("--all", action="store_true",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import keyword
 import shlex
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -114,19 +115,22 @@ class GradingConfig(_Model):
 
     @model_validator(mode="after")
     def _test_lists(self) -> GradingConfig:
+        where = self.tests_dir.rstrip("/") + "/"
         for name, ids in (("fail_to_pass", self.fail_to_pass),
                           ("pass_to_pass", self.pass_to_pass)):
-            malformed = [i for i in ids if "::" not in i or not i.split("::")[0].endswith(".py")]
+            malformed = [i for i in ids if "::" not in i or not i.startswith(where)
+                         or not i.split("::")[0].endswith(".py")]
             if malformed:
                 raise ValueError(f"grading.{name}: {malformed[:3]} are not test ids; write "
-                                 "them as the grader reports them: tests/test_x.py::test_name")
-            doubled = sorted({i for i in ids if ids.count(i) > 1})
+                                 f"them as the grader reports them: {where}test_x.py::test_name")
+            doubled = sorted(i for i, n in Counter(ids).items() if n > 1)
             if doubled:
                 raise ValueError(f"grading.{name} lists {doubled[:3]} more than once")
-        both = sorted(set(self.fail_to_pass) & set(self.pass_to_pass))
+        both = _overlap(self.fail_to_pass, self.pass_to_pass)
         if both:
             raise ValueError(f"{both[:3]} are in both grading.fail_to_pass and "
-                             "grading.pass_to_pass; a test is in one or the other")
+                             "grading.pass_to_pass (a parametrized test's name covers its "
+                             "cases); a test is in one or the other")
         return self
 
     @field_validator("tests_dir")
@@ -139,6 +143,15 @@ class GradingConfig(_Model):
     def _pytest(cls, value: str) -> str:
         pytest_args(value)  # raises ValueError naming what is not a pytest invocation
         return value
+
+
+def _overlap(first: list[str], second: list[str]) -> list[str]:
+    """Ids of one list that the other names too: the same id, or a case (``t.py::a[1]``) of a
+    test the other names whole (``t.py::a``)."""
+    whole = [{i for i in ids if "[" not in i} for ids in (first, second)]
+    return sorted({*(set(first) & set(second)),
+                   *(i for i in second if i.split("[")[0] in whole[0]),
+                   *(i for i in first if i.split("[")[0] in whole[1])})
 
 
 class LintConfig(_Model):
@@ -210,8 +223,9 @@ class TaskConfig(_Model):
     """Limits and backend of the agent's sandbox and of the grading sandbox."""
     grading: GradingConfig = GradingConfig()
     reward: dict[str, Annotated[float, Field(ge=0)]] = {"tests": 1.0}
-    """Weight of each component in ``reward``; components: tests, lint, rules, and those of the
-    verifiers. The reward is the weighted mean; a tamper flag makes it 0."""
+    """Weight of each component in ``reward``; components: tests, lint, rules, fail_to_pass and
+    pass_to_pass (with those lists), and those of the verifiers. The reward is the weighted
+    mean; a tamper flag makes it 0."""
     lint: LintConfig = LintConfig()
     rules: RulesConfig = RulesConfig()
     verifiers: list[VerifierConfig] = []
@@ -223,6 +237,10 @@ class TaskConfig(_Model):
             if name not in known:
                 raise ValueError(f"reward weight for unknown component {name!r}: choose from "
                                  f"{', '.join(known)}")
+        for name in ("fail_to_pass", "pass_to_pass"):
+            if self.reward.get(name) and not getattr(self.grading, name):
+                raise ValueError(f"reward weight for {name} but grading.{name} lists no test: "
+                                 "the component would always be 0")
         if not any(self.reward.values()):
             raise ValueError("reward weights are all 0: give at least one component a weight")
         return self

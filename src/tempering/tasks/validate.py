@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tempering.errors import TemperingError
 from tempering.reward import Grader, RewardResult
+from tempering.reward.result import listed_cases, listed_passed
 from tempering.tasks.task import Task
 
 
@@ -50,21 +51,30 @@ async def validate_task(task: Task, grader: Grader) -> Validation:
         problems.append("the untouched workspace already scores 1: the task rewards doing "
                         "nothing")
     if untouched is not None:
-        problems += _listed_problems(task, untouched)
+        problems += _listed_problems(task, untouched, solution)
     return Validation(task.id, solution, untouched, tuple(problems))
 
 
-def _listed_problems(task: Task, untouched: RewardResult) -> list[str]:
-    """A SWE-bench-style task's lists, against the untouched workspace: every fail-to-pass
-    test fails there and every pass-to-pass test passes."""
-    from tempering.reward.grader import listed_passed
-
+def _listed_problems(task: Task, untouched: RewardResult,
+                     solution: RewardResult | None) -> list[str]:
+    """A SWE-bench-style task's lists: each names a hidden test (as the reference solution's
+    grading collected them), every fail-to-pass test fails on the untouched workspace and
+    every pass-to-pass test passes there."""
     grading, problems = task.config.grading, []
-    passing = [i for i in grading.fail_to_pass if listed_passed(i, untouched.tests)]
+    collected = (solution or untouched).tests
+    unknown = [i for i in [*grading.fail_to_pass, *grading.pass_to_pass]
+               if not listed_cases(i, collected)]
+    if unknown:
+        problems.append(f"listed tests that no hidden test is: {', '.join(unknown[:3])} (ids "
+                        "as the grader reports them, e.g. "
+                        f"{collected[0].id if collected else 'tests/test_x.py::t'})")
+    passing = [i for i in grading.fail_to_pass
+               if i not in unknown and listed_passed(i, untouched.tests)]
     if passing:
         problems.append(f"fail_to_pass tests already pass on the untouched workspace: "
                         f"{', '.join(passing[:3])}")
-    failing = [i for i in grading.pass_to_pass if not listed_passed(i, untouched.tests)]
+    failing = [i for i in grading.pass_to_pass
+               if i not in unknown and not listed_passed(i, untouched.tests)]
     if failing:
         problems.append(f"pass_to_pass tests do not pass on the untouched workspace (or did "
                         f"not run): {', '.join(failing[:3])}")
