@@ -1,6 +1,7 @@
 """Asynchronous against synchronous RL on a long-tail environment, side by side in one run.
 
-    python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--staleness 3,4] [--json FILE]
+    python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--staleness 3,4] [--set K=V]
+        [--json FILE]
 
 Both runs are ``tempering train`` runs (``Trainer``) of one config that differs only in
 ``mode``: the same tiny model, warmed up once (cached) and the same for both, the same tasks,
@@ -38,6 +39,9 @@ sync runs first, then async at each bound of ``--staleness`` trained to that see
 run is printed in a table (R*, time and steps to it, seconds a step, learner idle, largest
 staleness, final reward, rollbacks), and each figure is the median over the seeds with its
 spread (min-max) in brackets; a run that never reached R* counts as a miss (ratio 0).
+``--set KEY=VALUE`` (repeatable) overrides the config of every run of both modes, e.g.
+``learner.device=cuda`` for the regime async training is for: the learner on a device of its
+own (on two CPU cores the async step sits on the machine's floor, docs/training.md).
 
 Figures: R* is the sync run's final reward (mean ``reward_mean`` over its last fifth of steps,
 k steps). Time to R* is, for each run, the first wall time at which the mean reward of its last
@@ -138,9 +142,11 @@ def figures_of(seed: int, label: str, metrics: list[dict[str, Any]], target: flo
                int(metrics[-1].get("rollbacks", 0)))
 
 
-async def one_seed(seed: int, steps: int, bounds: list[int], runs: Path) -> list[Run]:
-    """Sync, then async at each staleness bound, from the same seed (warm-up and tiny model)."""
-    seeded = (f"seed={seed}", f"model.tiny.seed={seed}")
+async def one_seed(seed: int, steps: int, bounds: list[int], runs: Path,
+                   overrides: list[str]) -> list[Run]:
+    """Sync, then async at each staleness bound, from the same seed (warm-up and tiny model);
+    ``overrides`` (``--set``) apply to every run."""
+    seeded = (f"seed={seed}", f"model.tiny.seed={seed}", *overrides)
     sync = await train(f"sync-{seed}", "sync", runs, steps, *seeded)
     fifth = max(1, len(sync) // 5)
     target = statistics.fmean(m["reward_mean"] for m in sync[-fifth:])
@@ -174,7 +180,7 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
         for seed in range(args.seeds):
-            runs += await one_seed(seed, steps, args.staleness, Path(tmp))
+            runs += await one_seed(seed, steps, args.staleness, Path(tmp), args.set)
     return report(summarise(runs, args.seeds, args.staleness))
 
 
@@ -231,6 +237,9 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--staleness", type=_bounds, default=[MAX_STALENESS],
                         help=f"async runs' max_staleness, comma-separated (default "
                              f"{MAX_STALENESS}; 3,4 also runs AReaL's regime)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run of both modes, repeatable "
+                             "(e.g. learner.device=cuda to train on a GPU)")
 
 
 def _positive(text: str) -> int:
