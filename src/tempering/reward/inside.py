@@ -28,6 +28,7 @@ import marshal
 import os
 import sys
 from dataclasses import astuple as _astuple
+from dataclasses import fields as _fields
 from dataclasses import is_dataclass as _is_dataclass
 from decimal import Decimal
 
@@ -86,6 +87,54 @@ def _honest(value, depth=0):
         return False
     items = list(value.items()) if kind is dict else list(value)
     return len(items) <= 1000 and all(_honest(item, depth + 1) for item in items)
+
+
+def _data_form(value, depth=0):
+    """An expected value made of the builtin kinds and of instances of data classes (a
+    dataclass whose ``__eq__`` is the one ``dataclasses`` wrote), as builtin values: each such
+    instance as the tuple of the fields its ``__eq__`` compares. The tests build these of the
+    tested code's own classes (``[Interval(1, 5)]``); had so, the value compared with them
+    must hold the same data, whatever its own ``__eq__`` says (red team, repo-bugs: a list
+    subclass equal to any list of Intervals). ``_NO`` for anything else: a class with an
+    ``__eq__`` of its own, a subclass of a builtin container, a value too big or deep."""
+    kind = type(value)
+    if _among(kind, _PLAIN):
+        return value
+    if depth > 3:
+        return _NO
+    try:
+        if _among(kind, (list, tuple, set, frozenset)):
+            items = list(kind.__iter__(value))
+            if len(items) > 1000:
+                return _NO
+            return _whole(kind, [_data_form(item, depth + 1) for item in items])
+        if kind is dict:
+            pairs = list(dict.items(value))
+            if len(pairs) > 1000:
+                return _NO
+            out = {}
+            for key, item in pairs:
+                key, item = _data_form(key, depth + 1), _data_form(item, depth + 1)
+                if key is _NO or item is _NO:
+                    return _NO
+                out[key] = item
+            return out
+        if _written_eq(kind):
+            return _whole(tuple, [_data_form(object.__getattribute__(value, f.name), depth + 1)
+                                  for f in _fields(kind) if f.compare])
+    except Exception:  # an unhashable field in a set's item, a field not set
+        return _NO
+    return _NO
+
+
+def _written_eq(kind):
+    """Whether ``kind`` is a dataclass whose ``__eq__`` is the one ``dataclasses`` generated
+    (compiled from a string: a hand-written one has its file), so equality is its fields'."""
+    own = type.__dict__["__dict__"].__get__(kind)
+    eq = own.get("__eq__")
+    code = getattr(eq, "__code__", None) if type(eq) is type(_written_eq) else None
+    return (code is not None and code.co_filename == "<string>"
+            and "__dataclass_fields__" in own and _is_dataclass(kind))
 
 
 def _variants(expected, count):
@@ -258,6 +307,9 @@ def commit(value, other):
         return _HONEST
     if _honest(other):
         return _commit(value, other)
+    data = _data_form(other)
+    if data is not _NO:
+        return _commit(value, data)
     expected = _approximated(other)
     return None if expected is _NO else _commit(value, expected)
 
@@ -301,6 +353,13 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
         if said is None or given is _HONEST or _honest(value):
             continue
         if not _honest(other):
+            data = _data_form(other)
+            if data is not _NO:  # the tested code's data classes: the same data, had so
+                if given is None or given is _NO or not _honest(given) or not given == data:
+                    shown = "nothing" if given is None or given is _NO else _text(repr(given))
+                    raise AssertionError(f"a {type(value).__qualname__} compares equal to "
+                                         f"{_text(repr(data))[:80]} but holds {shown[:80]}")
+                continue
             if _approximated(other) is _NO:
                 continue
             if given is None or given is _NO or not _honest(given) or not other == given:
@@ -352,7 +411,10 @@ def _commit(value, like, depth=0):
             return value if value is None else _NO
         if kind is list or kind is tuple:
             if _is_dataclass(value) and not isinstance(value, type):
-                value = _astuple(value)  # a dataclass's fields, as a tuple compares them
+                # a dataclass's fields, as a tuple compares them (those its written __eq__
+                # compares, to be had as ``_data_form`` has the expected value)
+                value = (tuple(object.__getattribute__(value, f.name) for f in _fields(value)
+                               if f.compare) if _written_eq(type(value)) else _astuple(value))
             items = _items(value, (list, tuple), len(like))
             if items is _NO or len(items) != len(like):
                 return items if items is _NO else kind(items)
