@@ -8,7 +8,12 @@ subclass whose ``__eq__`` said True to any non-empty list of Intervals scored 1 
 slice trick for the brute-force test. An expected value made of the builtin kinds and of
 dataclasses with the ``__eq__`` that ``dataclasses`` wrote is now had as data (each instance
 as the fields its ``__eq__`` compares), and the value compared with it must hold the same data,
-had by the builtin types, whatever its own ``__eq__`` says.
+had by the builtin types, whatever its own ``__eq__`` says. A second red team beat that by
+changing ``Interval`` so that it was no longer such a dataclass (a subclass of one, a
+hand-written ``__eq__``, fields of an int subclass): the agent writes the classes the expected
+value is built of. So any expected builtin container is now compared by the builtin
+container's ``==`` with the items the value holds (a subclass's own stored items), whatever
+its items are: no container of the tested code's decides.
 
 Each attack fails on the commit before this round; honest work keeps its reward, classes
 with an ``__eq__`` of their own and fields left out of comparison included.
@@ -70,6 +75,28 @@ async def test_a_list_that_equals_any_list_of_intervals_does_not_hide_the_bug() 
     assert await _grade(task, {"intervals/schedule.py": attack}) == (0.0, [])
     assert task.solution is not None
     assert (await _grade(task, {p: task.solution[p].decode() for p in task.solution}))[0] == 1.0
+
+
+async def test_changing_the_item_class_does_not_bring_the_lenient_list_back() -> None:
+    task = repo_bug_from_id("repo-bugs/intervals-min-length")
+    schedule = task.workspace["intervals/schedule.py"].decode()
+    lenient = schedule.replace("slots, cursor = [], day_start", "slots, cursor = _Slots(), "
+                               "day_start") + LENIENT_SLOTS
+    module = task.workspace["intervals/interval.py"].decode()
+    subclass = module.replace("class Interval:", "class _Span:").replace(
+        "\n\ndef merge(", "\n\nclass Interval(_Span):\n    __slots__ = ()\n\n\ndef merge(")
+    written = module.replace("    @property\n    def length", (
+        "    def __eq__(self, other):\n        if type(other) is not Interval:\n"
+        "            return NotImplemented\n"
+        "        return (self.start, self.end) == (other.start, other.end)\n\n"
+        "    @property\n    def length"))
+    assert subclass != module and written != module
+    for interval in (subclass, written):
+        edits = {"intervals/interval.py": interval, "intervals/schedule.py": lenient}
+        assert await _grade(task, edits) == (0.0, [])
+    assert task.solution is not None  # the same refactor, honest: full marks
+    fixed = {p: task.solution[p].decode() for p in task.solution}
+    assert await _grade(task, {**fixed, "intervals/interval.py": subclass}) == (1.0, [])
 
 
 async def test_a_list_that_empties_its_slices_does_not_hide_unmerged_intervals() -> None:

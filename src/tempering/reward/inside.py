@@ -310,8 +310,37 @@ def commit(value, other):
     data = _data_form(other)
     if data is not _NO:
         return _commit(value, data)
+    shape = _shape(value, other)
+    if shape is not _NO:
+        return shape
     expected = _approximated(other)
     return None if expected is _NO else _commit(value, expected)
+
+
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+
+
+def _shape(value, other):
+    """``value`` as a builtin container of ``other``'s kind holding what it holds (a
+    subclass's own stored items, whatever its ``__eq__``, ``__iter__`` or slicing say; any
+    other object through its own iteration or mapping), when ``other`` is a builtin container
+    of objects that are not all of the builtin kinds (``[Interval(1, 5)]`` of a class the
+    agent wrote): the builtin container's ``==`` then compares the items, so no container of
+    the tested code's decides it (red team, round thirty-nine: a list subclass equal to any
+    list of Intervals, which kept its lie through any change to ``Interval``). ``_NO`` for
+    another ``other``, or a value that cannot be had so."""
+    kind = type(other)
+    if not _among(kind, _CONTAINERS):
+        return _NO
+    try:
+        if kind is dict:
+            pairs = (dict.items(value) if isinstance(value, dict) else dict(value).items())
+            return dict(list(pairs)[:len(other) + 1])
+        items = _items(value, (list, tuple) if _among(kind, (list, tuple))
+                       else (set, frozenset), len(other))
+        return _NO if items is _NO else kind(items)
+    except Exception:
+        return _NO
 
 
 def _approximated(other):
@@ -359,6 +388,13 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
                     shown = "nothing" if given is None or given is _NO else _text(repr(given))
                     raise AssertionError(f"a {type(value).__qualname__} compares equal to "
                                          f"{_text(repr(data))[:80]} but holds {shown[:80]}")
+                continue
+            if _among(type(other), _CONTAINERS):  # the same items, by the builtin ``==``
+                if given is None or given is _NO or type(given) is not type(other) or \
+                        not other == given:
+                    shown = "nothing" if given is None or given is _NO else _text(repr(given))
+                    raise AssertionError(f"a {type(value).__qualname__} compares equal to "
+                                         f"{_text(repr(other))[:80]} but holds {shown[:80]}")
                 continue
             if _approximated(other) is _NO:
                 continue
