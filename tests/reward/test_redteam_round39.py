@@ -21,6 +21,8 @@ with an ``__eq__`` of their own and fields left out of comparison included.
 
 from __future__ import annotations
 
+import pytest
+
 from tempering.reward import Grader
 from tempering.tasks import FileTree, Task
 from tempering.tasks.repo_bugs import repo_bug_from_id
@@ -77,6 +79,7 @@ async def test_a_list_that_equals_any_list_of_intervals_does_not_hide_the_bug() 
     assert (await _grade(task, {p: task.solution[p].decode() for p in task.solution}))[0] == 1.0
 
 
+@pytest.mark.slow  # six gradings; the default run keeps the first attack
 async def test_changing_the_item_class_does_not_bring_the_lenient_list_back() -> None:
     task = repo_bug_from_id("repo-bugs/intervals-min-length")
     schedule = task.workspace["intervals/schedule.py"].decode()
