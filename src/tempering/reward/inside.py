@@ -384,17 +384,10 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
         if not _honest(other):
             data = _data_form(other)
             if data is not _NO:  # the tested code's data classes: the same data, had so
-                if given is None or given is _NO or not _honest(given) or not given == data:
-                    shown = "nothing" if given is None or given is _NO else _text(repr(given))
-                    raise AssertionError(f"a {type(value).__qualname__} compares equal to "
-                                         f"{_text(repr(data))[:80]} but holds {shown[:80]}")
+                _holds_the_same(value, data, given, honest=True)
                 continue
             if _among(type(other), _CONTAINERS):  # the same items, by the builtin ``==``
-                if given is None or given is _NO or type(given) is not type(other) or \
-                        not other == given:
-                    shown = "nothing" if given is None or given is _NO else _text(repr(given))
-                    raise AssertionError(f"a {type(value).__qualname__} compares equal to "
-                                         f"{_text(repr(other))[:80]} but holds {shown[:80]}")
+                _holds_the_same(value, other, given, honest=False)
                 continue
             if _approximated(other) is _NO:
                 continue
@@ -414,6 +407,17 @@ def held(left, right, left_said, right_said, left_given=None, right_given=None):
         if not _honest(given) or not given == other:
             raise AssertionError(f"a {type(value).__qualname__} compares equal to "
                                  f"{_text(repr(other))[:80]} but holds {_text(repr(given))[:80]}")
+
+
+def _holds_the_same(value, want, given, honest):
+    """After the assertion held: what ``value`` handed over before it (``commit``, into a
+    builtin container of ``want``'s kind; of the builtin kinds throughout if ``honest``) must
+    equal ``want`` by the builtin container's ``==``, else the assertion fails."""
+    if given is None or given is _NO or type(given) is not type(want) or (
+            honest and not _honest(given)) or not want == given:
+        shown = "nothing" if given is None or given is _NO else _text(repr(given))
+        raise AssertionError(f"a {type(value).__qualname__} compares equal to "
+                             f"{_text(repr(want))[:80]} but holds {shown[:80]}")
 
 
 def _commit(value, like, depth=0):

@@ -60,8 +60,8 @@ def _build(repo: Repo, bug: Bug) -> Task:
     if source.count(bug.good) != 1:
         raise ValueError(f"{bug.name}: {bug.good!r} occurs {source.count(bug.good)} times in "
                          f"{bug.path}, not once")
-    known = set(_test_ids(repo))
-    unknown = sorted(set(bug.fail_to_pass) - known)
+    ids = _test_ids(repo)
+    unknown = sorted(set(bug.fail_to_pass) - set(ids))
     if unknown:
         raise ValueError(f"{bug.name}: fail_to_pass names no test of {repo.name}: {unknown}")
     hidden = {path: _test_file(units, [n for n in units if n]) for path, units in
@@ -82,7 +82,7 @@ def _build(repo: Repo, bug: Bug) -> Task:
         sandbox=SANDBOX,
         grading=GradingConfig(command="python3 -m pytest tests", timeout_s=TEST_TIMEOUT_S,
                               scoring="all", fail_to_pass=fail_to_pass,
-                              pass_to_pass=[t for t in _test_ids(repo) if t not in fail_to_pass]),
+                              pass_to_pass=[t for t in ids if t not in fail_to_pass]),
     )
     instruction = (f"An issue was filed against the `{repo.name}` package in the working "
                    f"directory ({repo.summary}):\n\n> {bug.issue}\n\nFix the package so that "
