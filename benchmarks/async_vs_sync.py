@@ -1,7 +1,7 @@
 """Asynchronous against synchronous RL on a long-tail environment, side by side in one run.
 
-    python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--staleness 3,4] [--set K=V]
-        [--json FILE]
+    python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--jobs J] [--staleness 3,4]
+        [--set K=V] [--json FILE]
 
 Both runs are ``tempering train`` runs (``Trainer``) of one config that differs only in
 ``mode``: the same tiny model, warmed up once (cached) and the same for both, the same tasks,
@@ -39,6 +39,8 @@ sync runs first, then async at each bound of ``--staleness`` trained to that see
 run is printed in a table (R*, time and steps to it, seconds a step, learner idle, largest
 staleness, final reward, rollbacks), and each figure is the median over the seeds with its
 spread (min-max) in brackets; a run that never reached R* counts as a miss (ratio 0).
+``--jobs J`` runs J seeds at once, each in a process of its own (on a machine with cores to
+spare: the seeds then share it, so each run is timed on a busier machine than its own would be).
 ``--set KEY=VALUE`` (repeatable) overrides the config of every run of both modes, e.g.
 ``learner.device=cuda`` for the regime async training is for: the learner on a device of its
 own (on two CPU cores the async step sits on the machine's floor, docs/training.md).
@@ -54,12 +56,14 @@ largest staleness either run trained on against its bound (the target: never abo
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import math
 import os
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +183,40 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
     steps = 10 if args.quick else 16
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
-        for seed in range(args.seeds):
-            runs += await one_seed(seed, steps, args.staleness, Path(tmp), args.set)
+        if args.seed_index is not None:  # one seed, for a parent run's --jobs
+            runs = await one_seed(args.seed_index, steps, args.staleness, Path(tmp), args.set)
+            Path(args.runs_out).write_text(json.dumps([asdict(r) for r in runs]))
+            return []
+        if args.jobs > 1:
+            runs = await in_processes(args, Path(tmp))
+        else:
+            for seed in range(args.seeds):
+                runs += await one_seed(seed, steps, args.staleness, Path(tmp), args.set)
     return report(summarise(runs, args.seeds, args.staleness))
+
+
+async def in_processes(args: argparse.Namespace, tmp: Path) -> list[Run]:
+    """Each seed in a process of its own (this script, for that seed alone), ``--jobs`` of
+    them at once; their runs, in seed order. Seeds that run at once share the machine, so
+    each of their figures is the one of a machine that is busier than one seed makes it."""
+    jobs = asyncio.Semaphore(args.jobs)
+
+    async def seed_run(seed: int) -> list[Run]:
+        out = tmp / f"runs-{seed}.json"
+        argv = [sys.executable, str(Path(__file__).resolve()), "--only", "compare",
+                "--seed-index", str(seed), "--runs-out", str(out),
+                "--staleness", ",".join(map(str, args.staleness)),
+                *(["--quick"] if args.quick else []),
+                *(item for kv in args.set for item in ("--set", kv))]
+        async with jobs:
+            proc = await asyncio.create_subprocess_exec(*argv)
+            if await proc.wait() != 0 or not out.exists():
+                raise RuntimeError(f"seed {seed}'s process failed (exit {proc.returncode}): "
+                                   "its output is above")
+        return [Run(**r) for r in json.loads(out.read_text())]
+
+    per_seed = await asyncio.gather(*(seed_run(s) for s in range(args.seeds)))
+    return [r for runs in per_seed for r in runs]
 
 
 def summarise(runs: list[Run], n: int, bounds: list[int]) -> list[Figure]:
@@ -240,6 +275,11 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every run of both modes, repeatable "
                              "(e.g. learner.device=cuda to train on a GPU)")
+    parser.add_argument("--jobs", type=_positive, default=1,
+                        help="seeds run at once, each in a process of its own (default 1: "
+                             "one after another; more on a machine with cores to spare)")
+    parser.add_argument("--seed-index", type=int, help=argparse.SUPPRESS)  # a --jobs child
+    parser.add_argument("--runs-out", help=argparse.SUPPRESS)
 
 
 def _positive(text: str) -> int:
