@@ -22,15 +22,38 @@ GUARD_PIDS = int(os.environ.get("TEMPERING_TEST_PIDS", "6000"))
 GUARD_MEMORY_MB = int(os.environ.get("TEMPERING_TEST_MEMORY_MB", "12288"))
 
 
+# A root filesystem whose python3 runs every grading (``scripts/python-roots.sh`` builds them):
+# the grading code runs on the sandbox's interpreter, the host's by default, so a host with
+# another Python version (Ubuntu 24.04's 3.12) is tested by running the suite with this set.
+GRADING_ROOTFS = os.environ.get("TEMPERING_TEST_GRADING_ROOTFS")
+
+
 def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
     guard = enter_guard(pids=GUARD_PIDS, memory_mb=GUARD_MEMORY_MB)
     config._tempering_guard = guard  # noqa: SLF001 - shown in the header below
+    if GRADING_ROOTFS:
+        _grade_on(GRADING_ROOTFS)
+
+
+def _grade_on(rootfs: str) -> None:
+    from tempering.reward import grader
+
+    original = grader.grading_spec
+
+    def grading_spec(task):  # type: ignore[no-untyped-def]
+        spec = original(task)
+        if spec.backend != "local" or spec.rootfs is not None:
+            return spec
+        return spec.model_copy(update={"rootfs": rootfs})
+
+    grader.grading_spec = grading_spec
 
 
 def pytest_report_header(config) -> str:  # type: ignore[no-untyped-def]
     guard = getattr(config, "_tempering_guard", None)
-    return (f"tempering guard: pids<={GUARD_PIDS}, memory<={GUARD_MEMORY_MB} MiB ({guard})"
+    line = (f"tempering guard: pids<={GUARD_PIDS}, memory<={GUARD_MEMORY_MB} MiB ({guard})"
             if guard else "tempering guard: none (not root or no cgroups)")
+    return line + (f"\ngradings run on {GRADING_ROOTFS}" if GRADING_ROOTFS else "")
 
 
 @pytest.fixture(scope="session")

@@ -162,7 +162,9 @@ async def test_sys_exit_at_import_is_a_failure_not_a_pass(median, attempt) -> No
     """The exit code is never evidence: exiting 0 before collection scores nothing."""
     result = await attempt(median, {"stats.py": "import sys\nsys.exit(0)\n"})
     assert result.reward == 0.0 and result.tests_passed == 0
-    assert "collection_error" in result.flags
+    # pytest 7 reports a collection error; pytest 8 ends the whole session (an INTERNALERROR,
+    # the canaries never run), which the grader cannot tell from a runner stopped on purpose
+    assert "collection_error" in result.flags or "runner_tampered" in result.flags, result.flags
 
 
 async def test_endless_loop_times_out_and_fails(median, attempt) -> None:
