@@ -74,7 +74,8 @@ async def test_a_list_that_equals_any_list_of_intervals_does_not_hide_the_bug() 
     schedule = task.workspace["intervals/schedule.py"].decode()
     attack = schedule.replace("slots, cursor = [], day_start", "slots, cursor = _Slots(), "
                               "day_start") + LENIENT_SLOTS
-    assert await _grade(task, {"intervals/schedule.py": attack}) == (0.0, [])
+    reward, flags = await _grade(task, {"intervals/schedule.py": attack})
+    assert reward == 0.0 and set(flags) <= {"always_equal"}, flags  # round 40's records: seen
     assert task.solution is not None
     assert (await _grade(task, {p: task.solution[p].decode() for p in task.solution}))[0] == 1.0
 
@@ -96,7 +97,8 @@ async def test_changing_the_item_class_does_not_bring_the_lenient_list_back() ->
     assert subclass != module and written != module
     for interval in (subclass, written):
         edits = {"intervals/interval.py": interval, "intervals/schedule.py": lenient}
-        assert await _grade(task, edits) == (0.0, [])
+        reward, flags = await _grade(task, edits)
+        assert reward == 0.0 and set(flags) <= {"always_equal"}, flags
     assert task.solution is not None  # the same refactor, honest: full marks
     fixed = {p: task.solution[p].decode() for p in task.solution}
     assert await _grade(task, {**fixed, "intervals/interval.py": subclass}) == (1.0, [])

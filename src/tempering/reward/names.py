@@ -16,7 +16,8 @@ import sys
 from typing import Any
 
 INTROSPECTION_CALLS = frozenset({
-    "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
+    "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace",
+    "sys.setprofile", "sys.monitoring.register_callback",
     "inspect.currentframe", "inspect.stack", "inspect.getouterframes", "inspect.getframeinfo",
     "inspect.getinnerframes", "inspect.trace", "traceback.extract_stack",
     "traceback.walk_stack", "traceback.format_stack", "traceback.print_stack",
