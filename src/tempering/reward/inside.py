@@ -313,6 +313,19 @@ def _record_asks(other, count):
 _GETSET = type(type.__dict__["__dict__"])
 
 
+def _far(value, step):
+    """A value of ``value``'s kind that no tolerance confuses with it: a number moved by at
+    least its own size and one (an honest record's ``__eq__`` may compare within a tolerance,
+    ``math.isclose(a, b, rel_tol=1e-2)``, which a variant one digit away passes: red team,
+    round forty-one); anything else as ``_variant`` makes it."""
+    kind, sign = type(value), 1 if os.urandom(1)[0] & 1 else -1
+    if kind is int:
+        return value + sign * (1 + abs(value)) * step
+    if kind is float and value == value and abs(value) != float("inf"):
+        return value + sign * (1.0 + abs(value)) * (step + os.urandom(1)[0] / 256)
+    return _variant(value, step)
+
+
 def _record(item, step=None):
     """A new object of ``item``'s class with the same attributes (``step`` None), or with
     every attribute changed (``_variant``, ``step`` units away; at least one must change),
@@ -337,7 +350,7 @@ def _record(item, step=None):
         for name, value in attributes:
             if type(name) is not str or not _honest(value):
                 return _NO
-            made[name] = _copy(value) if step is None else _variant(value, step)
+            made[name] = _copy(value) if step is None else _far(value, step)
         if step is not None:
             unchanged = [name for name, value in made.items() if value is _NO]
             if len(unchanged) == len(made):
@@ -411,7 +424,7 @@ def _shape(value, other):
         return _NO
     try:
         if kind is dict:
-            pairs = (dict.items(value) if isinstance(value, dict)
+            pairs = (dict.items(value) if _is(value, dict)
                      else _as(dict, value).items())
             return dict(list(pairs)[:len(other) + 1])
         items = _items(value, (list, tuple) if _among(kind, (list, tuple))
@@ -514,25 +527,22 @@ def _commit(value, like, depth=0):
         return _NO
     try:
         if kind is bool or kind is int:
-            if isinstance(value, int):
+            if _is(value, int):
                 return kind(int.__int__(value))
             return _as(kind, value)  # int(): exact, a Fraction past 2**53 too
         if kind is float:
-            return float.__float__(value) if isinstance(value, float) else _as(float, value)
+            return float.__float__(value) if _is(value, float) else _as(float, value)
         if kind is complex:
             return _as(complex, value)
         if kind is str:
-            return str.__str__(value) if isinstance(value, str) else _exact(_as(str, value))
+            return str.__str__(value) if _is(value, str) else _exact(_as(str, value))
         if kind is bytes:
-            return bytes.__bytes__(value) if isinstance(value, bytes) else _as(bytes, value)
+            return bytes.__bytes__(value) if _is(value, bytes) else _as(bytes, value)
         if kind is type(None):
             return value if value is None else _NO
         if kind is list or kind is tuple:
-            if _is_dataclass(value) and not isinstance(value, type):
-                # a dataclass's fields, as a tuple compares them (those its written __eq__
-                # compares, to be had as ``_data_form`` has the expected value)
-                value = (tuple(object.__getattribute__(value, f.name) for f in _fields(value)
-                               if f.compare) if _written_eq(type(value)) else _astuple(value))
+            if not _is(value, type) and _is_dataclass(type(value)):
+                value = _dataclass_items(value)
             items = _items(value, (list, tuple), len(like))
             if items is _NO or len(items) != len(like):
                 return items if items is _NO else kind(items)
@@ -545,7 +555,7 @@ def _commit(value, like, depth=0):
             return _whole(kind, [_commit(item, _like(item, like), depth + 1)
                                  for item in items])
         if kind is dict:
-            pairs = (dict.items(value) if isinstance(value, dict)
+            pairs = (dict.items(value) if _is(value, dict)
                      else _as(dict, value).items())  # its own mapping, into a builtin dict
             out = {}
             for key, item in list(pairs)[:len(like) + 1]:
@@ -560,6 +570,24 @@ def _commit(value, like, depth=0):
     except Exception:
         return _NO
     return _NO
+
+
+def _is(value, kinds):
+    """``isinstance(value, kinds)`` by ``value``'s own type alone: ``isinstance`` also asks
+    ``value.__class__``, which the tested code's class can make a property whose getter is a
+    callable that is no function, run in the asking frame (red team, round forty-one: the
+    commit's frame, holding the expected value, was read so)."""
+    return issubclass(type(value), kinds)
+
+
+def _dataclass_items(value):
+    """A dataclass's fields as a tuple compares them (those its written ``__eq__`` compares,
+    as ``_data_form`` has the expected value), read in a frame that holds nothing else: a
+    field can be a property of the tested code's (``_as``)."""
+    if _written_eq(type(value)):
+        return tuple(object.__getattribute__(value, f.name) for f in _fields(type(value))
+                     if f.compare)
+    return _astuple(value)
 
 
 def _as(kind, value):
@@ -589,7 +617,7 @@ def _like(item, values):
     """The value among ``values`` (a set's or a dict's keys) that ``item`` is to be had as: one
     it equals, else one of its builtin kind's, else any."""
     for value in values:
-        if type(value) is type(item) or isinstance(item, type(value)):
+        if type(value) is type(item) or issubclass(type(item), type(value)):
             return value
     return next(iter(values), None)
 
@@ -598,7 +626,7 @@ def _items(value, kinds, count):
     """Up to ``count + 1`` items of ``value``: a builtin container's (a subclass's own data),
     else what its iteration hands over."""
     for kind in kinds:
-        if isinstance(value, kind):
+        if _is(value, kind):
             return list(kind.__iter__(value))[:count + 1]
     out = []
     for item in value:
