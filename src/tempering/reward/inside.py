@@ -455,6 +455,8 @@ def number(value, like):
     that returns 0) does not decide how near it is."""
     if _among(type(value), _PLAIN):
         return value
+    if type(like) is int and not _is(value, int):  # a Fraction, a float subclass: not cut
+        like = float(like)
     given = _commit(value, like)
     if given is _NO or not _honest(given):
         raise AssertionError(f"a {type(value).__qualname__} is no {type(like).__name__}: "

@@ -96,12 +96,32 @@ def instrument(tree, calls=True, text=None, probes=True):
         """In an asserted expression, each operand of arithmetic with a number literal
         (``abs(f(x) - 0.33) < 1e-6``) had as a number of the literal's kind first
         (``NUMBER``): the tested code's own ``__sub__`` never says how near it is."""
-        for node in ast.walk(test):
+        for node in list(ast.walk(test)):
             if isinstance(node, ast.BinOp):
                 if numeric(node.right) and not literal(node.left):
                     node.left = helper(NUMBER, node.left, node.left, copy(node.right))
                 elif numeric(node.left) and not literal(node.right):
                     node.right = helper(NUMBER, node.right, node.right, copy(node.left))
+            elif isinstance(node, ast.Compare):  # ``f(x) <= 2``, ``2.49 < f(x) < 2.51``
+                ordered(node)
+
+    def ordered(node):
+        """Each operand of an order comparison with a number literal in an asserted
+        expression, had as a number first (``NUMBER``), as for arithmetic: an object whose
+        ``__lt__`` and ``__ge__`` say True to every number passed ``f(x) <= 2`` and
+        ``f(x) >= 2`` both, since the probe's fresh objects are no numbers (red team, round
+        forty-two)."""
+        operands, done = [node.left, *node.comparators], set()
+        for i, op in enumerate(node.ops):
+            if not isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE):
+                continue
+            for mine, other in ((i, i + 1), (i + 1, i)):
+                if mine not in done and numeric(operands[other]) and \
+                        not literal(operands[mine]):
+                    operands[mine] = helper(NUMBER, operands[mine], operands[mine],
+                                            copy(operands[other]))
+                    done.add(mine)
+        node.left, node.comparators = operands[0], operands[1:]
 
     handled = set()  # the comparisons an assertion's own rewriting made or took (by id)
 
