@@ -121,8 +121,7 @@ def _data_form(value, depth=0):
                 out[key] = item
             return out
         if _written_eq(kind):
-            return _whole(tuple, [_data_form(object.__getattribute__(value, f.name), depth + 1)
-                                  for f in _fields(kind) if f.compare])
+            return _whole(tuple, [_data_form(field, depth + 1) for field in _compared(value)])
     except Exception:  # an unhashable field in a set's item, a field not set
         return _NO
     return _NO
@@ -294,9 +293,9 @@ def _record_asks(other, count):
     else:
         kind, items = None, [other]
     records = [at for at, item in enumerate(items) if not _honest(item)]
-    if not records or any(_record(items[at]) is _NO for at in records):
-        return []
     copies = [_record(item) if at in records else _copy(item) for at, item in enumerate(items)]
+    if not records or any(copies[at] is _NO for at in records):
+        return []
     asks = [copies[0] if kind is None else kind(copies)]
     for _ in range(count):
         at = records[os.urandom(1)[0] % len(records)]
@@ -328,7 +327,7 @@ def _far(value, step):
 
 def _record(item, step=None):
     """A new object of ``item``'s class with the same attributes (``step`` None), or with
-    every attribute changed (``_variant``, ``step`` units away; at least one must change),
+    every attribute changed (``_far``, ``step`` units away; at least one must change),
     made by ``object.__new__`` and the instance dict's own descriptor: none of the class's
     code runs. ``_NO`` where ``item`` is no record: its class has no Python ``__eq__`` of its
     own (identity, an enum), keeps slots, or an attribute is not of the builtin kinds."""
@@ -345,18 +344,15 @@ def _record(item, step=None):
                 slot = space["__dict__"]
         if type(eq) is not type(_record) or type(slot) is not _GETSET:
             return _NO
-        attributes = dict.items(slot.__get__(item))
-        made = {}
-        for name, value in attributes:
+        made, changed = {}, 0
+        for name, value in dict.items(slot.__get__(item)):
             if type(name) is not str or not _honest(value):
                 return _NO
-            made[name] = _copy(value) if step is None else _far(value, step)
-        if step is not None:
-            unchanged = [name for name, value in made.items() if value is _NO]
-            if len(unchanged) == len(made):
-                return _NO
-            for name in unchanged:
-                made[name] = _copy(dict.__getitem__(slot.__get__(item), name))
+            far = _NO if step is None else _far(value, step)  # None has no other value
+            changed += far is not _NO
+            made[name] = _copy(value) if far is _NO else far
+        if step is not None and not changed:
+            return _NO
         new = object.__new__(kind)
         slot.__set__(new, made)
         return new
@@ -424,9 +420,7 @@ def _shape(value, other):
         return _NO
     try:
         if kind is dict:
-            pairs = (dict.items(value) if _is(value, dict)
-                     else _as(dict, value).items())
-            return dict(list(pairs)[:len(other) + 1])
+            return dict(_pairs(value, len(other)))
         items = _items(value, (list, tuple) if _among(kind, (list, tuple))
                        else (set, frozenset), len(other))
         return _NO if items is _NO else kind(items)
@@ -557,10 +551,8 @@ def _commit(value, like, depth=0):
             return _whole(kind, [_commit(item, _like(item, like), depth + 1)
                                  for item in items])
         if kind is dict:
-            pairs = (dict.items(value) if _is(value, dict)
-                     else _as(dict, value).items())  # its own mapping, into a builtin dict
             out = {}
-            for key, item in list(pairs)[:len(like) + 1]:
+            for key, item in _pairs(value, len(like)):
                 key = _commit(key, _like(key, like), depth + 1)
                 if key is _NO or key not in like:
                     return _NO
@@ -586,10 +578,12 @@ def _dataclass_items(value):
     """A dataclass's fields as a tuple compares them (those its written ``__eq__`` compares,
     as ``_data_form`` has the expected value), read in a frame that holds nothing else: a
     field can be a property of the tested code's (``_as``)."""
-    if _written_eq(type(value)):
-        return tuple(object.__getattribute__(value, f.name) for f in _fields(type(value))
-                     if f.compare)
-    return _astuple(value)
+    return tuple(_compared(value)) if _written_eq(type(value)) else _astuple(value)
+
+
+def _compared(value):
+    """The values of the fields a dataclass instance's ``__eq__`` compares, in order."""
+    return [object.__getattribute__(value, f.name) for f in _fields(type(value)) if f.compare]
 
 
 def _as(kind, value):
@@ -600,7 +594,8 @@ def _as(kind, value):
     that asked, reading its locals and globals with no frame read the guard could see. The
     frame that commits a value holds the expected one (red team, round forty: ``like`` read
     so, and committed, passed every test). Every call into the tested code that commits,
-    probes or shows a value goes through here or ``_shown``."""
+    probes or shows a value is made from such a frame: here, ``_shown``, ``_items``,
+    ``_pairs`` or ``_dataclass_items``."""
     return kind(value)
 
 
@@ -613,6 +608,14 @@ def _shown(value):
 def _whole(kind, items):
     """A container of ``items`` (``_NO`` if one of them could not be had)."""
     return _NO if any(item is _NO for item in items) else kind(items)
+
+
+def _pairs(value, count):
+    """Up to ``count + 1`` (key, item) pairs of ``value``: a dict's (a subclass's own data),
+    else what its own mapping protocol hands a builtin dict, asked from a frame that holds
+    nothing else (``_as``)."""
+    pairs = dict.items(value) if _is(value, dict) else _as(dict, value).items()
+    return list(pairs)[:count + 1]
 
 
 def _like(item, values):

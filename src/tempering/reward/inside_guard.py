@@ -112,6 +112,12 @@ _ARGUMENTS = frozenset(_opmap[n] for n in (
     "LOAD_NAME", "BINARY_OP", "PUSH_NULL", "KW_NAMES", "PRECALL", "NOP") if n in _opmap)
 # What a frozen site loads in place of a name (``freeze_frame_handlers``).
 _GETFRAME, _HASATTR, _GETATTR = sys._getframe, hasattr, getattr
+# The frame events a call makes: (event, the name it is called by, the function, as code the
+# guard folded loads it), 3.12's ``_getframemodulename`` (namedtuple's, a TypeVar's module)
+# besides ``_getframe``. A tuple: nothing the tested code reaches can change it.
+_FRAME_CALLS = (("sys._getframe", "_getframe", _GETFRAME),
+                ("sys._getframemodulename", "_getframemodulename",
+                 getattr(sys, "_getframemodulename", None)))
 # Entries that pytest itself swaps for the length of each test (restored after it).
 VOLATILE = {"_pytest.assertion.util": frozenset({"_reprcompare", "_assertion_pass", "_config"}),
             "warnings": None, "_warnings": None, "sys": None}
@@ -993,12 +999,10 @@ class Guard:
         code = frame.f_code
         op, arg, run = _site(frame)
         consts = code.co_consts
-        if event == "sys._getframe":
-            return op in _CALLS and any(_named(code, o, a) == "_getframe" or (
-                o == _LOAD_CONST and consts[a] is _GETFRAME) for o, a in run)
-        if event == "sys._getframemodulename":  # 3.12: namedtuple's, a TypeVar's module
-            return op in _CALLS and any(_named(code, o, a) == "_getframemodulename"
-                                        for o, a in run)
+        for called, name, function in _FRAME_CALLS:
+            if event == called:
+                return op in _CALLS and any(_named(code, o, a) == name or (
+                    o == _LOAD_CONST and consts[a] is function) for o, a in run)
         if op == _LOAD_ATTR or op == _LOAD_METHOD:
             return _named(code, op, arg) == attr
         if op in _CALLS:
@@ -1195,7 +1199,7 @@ class Guard:
                     self.flag("runner_tampered", f"replaced the {name} of {args[0]!r}"[:200],
                               where)
         elif event == "sys._getframe" or event == "sys._getframemodulename":
-            # the second names the module of a frame up the stack: a test's, or a canary's
+            # a frame, or the module of one up the stack: a test's, or a canary's
             where = self.frame_caller(event)
             if where is not None:
                 self.flag("introspection", event, where)
