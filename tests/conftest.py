@@ -15,17 +15,11 @@ from typing import Any
 
 import pytest
 
-from backends import unavailable
+from backends import GRADING_ROOTFS, unavailable
 from tempering.sandbox.cgroup import enter_guard
 
 GUARD_PIDS = int(os.environ.get("TEMPERING_TEST_PIDS", "6000"))
 GUARD_MEMORY_MB = int(os.environ.get("TEMPERING_TEST_MEMORY_MB", "12288"))
-
-
-# A root filesystem whose python3 runs every grading (``scripts/python-roots.sh`` builds them):
-# the grading code runs on the sandbox's interpreter, the host's by default, so a host with
-# another Python version (Ubuntu 24.04's 3.12) is tested by running the suite with this set.
-GRADING_ROOTFS = os.environ.get("TEMPERING_TEST_GRADING_ROOTFS")
 
 
 def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]

@@ -8,10 +8,9 @@ passes). Honest work beside these cases keeps its reward (the last tests here).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from backends import GRADING_ROOTFS
 from tempering.reward import TAMPER
 
 STUB = "def median(values):\n    raise NotImplementedError\n"
@@ -258,7 +257,7 @@ async def test_attack_is_neutralised(name: str, task, attempt) -> None:
         assert flag in TAMPER and result.tampered
 
 
-@pytest.mark.skipif(bool(os.environ.get("TEMPERING_TEST_GRADING_ROOTFS")),
+@pytest.mark.skipif(GRADING_ROOTFS is not None,
                     reason="the extension is built for the host's Python, gradings run on another")
 async def test_a_compiled_extension_is_dropped_unless_the_task_allows_it(median,
                                                                          attempt) -> None:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import dis
 import marshal
-import os
-import subprocess
-from importlib.util import MAGIC_NUMBER
 from types import CodeType
 
 import pytest
 
+from backends import grading_python
 from tempering.reward import Grader, RewardResult, canary
 from tempering.reward import grader as grader_module
 from tempering.reward.grader import grading_spec
@@ -52,15 +50,9 @@ async def _grade(task: Task, solution: str, *, host_compiles: bool,
 
 
 def _sandbox_magic() -> bytes:
-    """The bytecode magic number of the interpreter gradings run on: this one's, or that of
-    the root filesystem the suite grades on (``TEMPERING_TEST_GRADING_ROOTFS``)."""
-    rootfs = os.environ.get("TEMPERING_TEST_GRADING_ROOTFS")
-    if not rootfs:
-        return MAGIC_NUMBER
-    out = subprocess.run(["chroot", rootfs, "/usr/bin/python3", "-c", "import importlib.util; "
-                          "print(importlib.util.MAGIC_NUMBER.hex())"],
-                         capture_output=True, text=True, check=True).stdout
-    return bytes.fromhex(out.strip())
+    """The bytecode magic number of the interpreter gradings run on."""
+    return bytes.fromhex(grading_python(
+        "import importlib.util; print(importlib.util.MAGIC_NUMBER.hex())").strip())
 
 
 @pytest.mark.parametrize("host_compiles", [True, False])

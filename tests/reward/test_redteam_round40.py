@@ -36,19 +36,11 @@ Each attack fails on the commit before this round. Run this suite on another int
 
 from __future__ import annotations
 
-from conftest import _attempt
+from backends import grading_python
+from conftest import EXAMPLES, _attempt
 from tempering.tasks import Task
 
-SOLVED = '''
-def median(values):
-    if not values:
-        raise ValueError("median of an empty list")
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
-'''
+SOLVED = (EXAMPLES / "median" / "solution" / "stats.py").read_text()
 
 # The oracle: the code that calls median is the hidden test's; the first number among its
 # constants after the input is the expected answer (``assert median([3, 1, 2]) == 2``).
@@ -113,19 +105,9 @@ async def test_honest_solution_keeps_its_reward(task: Task) -> None:
 
 
 def _grading_version() -> tuple[int, int]:
-    """The version of the interpreter gradings run on: this one, or the python3 of the root
-    filesystem the suite grades on."""
-    import os
-    import subprocess
-    import sys
-
-    rootfs = os.environ.get("TEMPERING_TEST_GRADING_ROOTFS")
-    if not rootfs:
-        return sys.version_info[:2]
-    out = subprocess.run(["chroot", rootfs, "/usr/bin/python3", "-c",
-                          "import sys; print(*sys.version_info[:2])"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return int(out[0]), int(out[1])
+    """The version of the interpreter gradings run on."""
+    major, minor = grading_python("import sys; print(*sys.version_info[:2])").split()
+    return int(major), int(minor)
 
 
 # 3. A container's ``==`` asks its items' ``__eq__``, and the agent writes the items' class.
@@ -181,6 +163,20 @@ async def test_items_whose_equality_says_true_to_any_of_their_class_are_caught()
 
 
 # 4. A callable that is no function, set as a special method, runs in the frame that asked.
+# Both answer with what they memoised per input (the canaries rerun an input after the tests).
+MEMO_ANSWER = """    def __eq__(self, other):
+        if "v" not in self.__dict__:
+            return NotImplemented
+        return type(other) is type(self.v) and other == self.v
+
+    __hash__ = None
+
+
+def median(values):
+    if not values:
+        raise ValueError("empty")
+    return R(tuple(values))
+"""
 EVAL_SLOT = """import functools
 
 MEMO = {}
@@ -196,19 +192,7 @@ class R:
         self.v = MEMO.setdefault(self.key, like)
         return self.v
 
-    def __eq__(self, other):
-        if "v" not in self.__dict__:
-            return NotImplemented
-        return type(other) is type(self.v) and other == self.v
-
-    __hash__ = None
-
-
-def median(values):
-    if not values:
-        raise ValueError("empty")
-    return R(tuple(values))
-"""
+""" + MEMO_ANSWER
 LOCALS_SLOT = EVAL_SLOT.replace(
     'functools.partial(eval, "value._commit(like)")',
     "functools.partial(next, _PULL)").replace("class R:", """def _grab(frame_locals):
@@ -310,19 +294,7 @@ class R:
     def __float__(self):
         return float(self.__dict__.get("v", 0))
 
-    def __eq__(self, other):
-        if "v" not in self.__dict__:
-            return NotImplemented
-        return type(other) is type(self.v) and other == self.v
-
-    __hash__ = None
-
-
-def median(values):
-    if not values:
-        raise ValueError("empty")
-    return R(tuple(values))
-'''
+''' + MEMO_ANSWER
 READINGS = '''import math
 
 
