@@ -39,8 +39,11 @@ sync runs first, then async at each bound of ``--staleness`` trained to that see
 run is printed in a table (R*, time and steps to it, seconds a step, learner idle, largest
 staleness, final reward, rollbacks), and each figure is the median over the seeds with its
 spread (min-max) in brackets; a run that never reached R* counts as a miss (ratio 0).
-``--jobs J`` runs J seeds at once, each in a process of its own (on a machine with cores to
-spare: the seeds then share it, so each run is timed on a busier machine than its own would be).
+``--jobs J`` runs J runs at once, each in a process of its own (on a machine with cores to
+spare: the runs then share it, so each is timed on a busier machine than its own would be); a
+seed's async runs start when its sync run has set R*. ``--deadline S`` stops the runs still
+going S seconds after they began and reports what was done, each run's figures read from the
+``metrics.jsonl`` it wrote (for a short device lease: a run cut before R* is a miss).
 ``--set KEY=VALUE`` (repeatable) overrides the config of every run of both modes, e.g.
 ``learner.device=cuda`` for the regime async training is for: the learner on a device of its
 own (on two CPU cores the async step sits on the machine's floor, docs/training.md).
@@ -63,7 +66,7 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +155,7 @@ async def one_seed(seed: int, steps: int, bounds: list[int], runs: Path,
     ``overrides`` (``--set``) apply to every run."""
     seeded = (f"seed={seed}", f"model.tiny.seed={seed}", *overrides)
     sync = await train(f"sync-{seed}", "sync", runs, steps, *seeded)
-    fifth = max(1, len(sync) // 5)
-    target = statistics.fmean(m["reward_mean"] for m in sync[-fifth:])
+    target, fifth = r_star(sync)
     out = [figures_of(seed, "sync", sync, target, fifth, 0)]
     for bound in bounds:
         # async trains to R* (the run ends once the mean of its last `fifth` steps reaches
@@ -163,10 +165,7 @@ async def one_seed(seed: int, steps: int, bounds: list[int], runs: Path,
                            f"rollout.max_staleness={bound}", f"target_reward={target}",
                            f"target_window={fifth}")
         out.append(figures_of(seed, f"async{bound}", asyn, target, fifth, bound))
-    first = statistics.fmean(m["reward_mean"] for m in sync[:fifth])
-    console.print(f"  seed {seed}: R* = {target:.3f} (sync's last {fifth} steps; its first "
-                  f"{first:.3f}); time to R*: " + ", ".join(
-                      f"{r.label} {r.time_to:.0f} s" for r in out))
+    say_seed(seed, sync, out)
     return out
 
 
@@ -183,44 +182,111 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
     steps = 10 if args.quick else 16
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
-        if args.seed_index is not None:  # one seed, for a parent run's --jobs
-            runs = await one_seed(args.seed_index, steps, args.staleness, Path(tmp), args.set)
-            Path(args.runs_out).write_text(json.dumps([asdict(r) for r in runs]))
-            return []
-        if args.jobs > 1:
-            runs = await in_processes(args, Path(tmp))
+        if args.jobs > 1 or args.deadline:
+            runs = await in_processes(args, steps, Path(tmp))
         else:
             for seed in range(args.seeds):
                 runs += await one_seed(seed, steps, args.staleness, Path(tmp), args.set)
     return report(summarise(runs, args.seeds, args.staleness))
 
 
-async def in_processes(args: argparse.Namespace, tmp: Path) -> list[Run]:
-    """Each seed in a process of its own (this script, for that seed alone), ``--jobs`` of
-    them at once; their runs, in seed order. Seeds that run at once share the machine, so
-    each of their figures is the one of a machine that is busier than one seed makes it."""
+async def in_processes(args: argparse.Namespace, steps: int, tmp: Path) -> list[Run]:
+    """Every run in a process of its own (this script, for that run alone), ``--jobs`` of them
+    at once; a seed's async runs start once its sync run has set R*. Runs that go at once share
+    the machine, so each of their figures is the one of a machine busier than one run makes
+    it. At ``--deadline`` the runs still going are stopped, and each run's figures are read
+    from the ``metrics.jsonl`` it wrote: a run stopped before R* counts as a miss, a seed whose
+    sync run was stopped has no R* and no figures."""
     jobs = asyncio.Semaphore(args.jobs)
+    done: dict[int, list[Run]] = {}
 
-    async def seed_run(seed: int) -> list[Run]:
-        out = tmp / f"runs-{seed}.json"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--only", "compare",
-                "--seed-index", str(seed), "--runs-out", str(out),
-                "--staleness", ",".join(map(str, args.staleness)),
-                *(["--quick"] if args.quick else []),
-                *(item for kv in args.set for item in ("--set", kv))]
+    async def one(label: str, mode: str, n: int, extra: tuple[str, ...]) -> int:
+        argv = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(
+            {"label": label, "mode": mode, "steps": n, "runs": str(tmp), "extra": extra})]
         async with jobs:
             proc = await asyncio.create_subprocess_exec(*argv)
-            if await proc.wait() != 0 or not out.exists():
-                raise RuntimeError(f"seed {seed}'s process failed (exit {proc.returncode}): "
-                                   "its output is above")
-        return [Run(**r) for r in json.loads(out.read_text())]
+            try:
+                code = await proc.wait()
+            except asyncio.CancelledError:  # the deadline: stop it, keep what it wrote
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 30)
+                except TimeoutError:
+                    proc.kill()
+                raise
+        if code != 0:
+            console.print(f"  [red]{label}'s process failed (exit {code})[/]: its output is "
+                          "above; its figures are what it wrote")
+        return code
 
-    per_seed = await asyncio.gather(*(seed_run(s) for s in range(args.seeds)))
-    return [r for runs in per_seed for r in runs]
+    async def seed_run(seed: int) -> None:
+        seeded = (f"seed={seed}", f"model.tiny.seed={seed}", *args.set)
+        code = await one(f"sync-{seed}", "sync", steps, seeded)
+        sync = metrics_of(tmp / f"sync-{seed}" / "sync")
+        if code != 0 or not sync:
+            console.print(f"  [red]seed {seed}: sync did not finish (at step {len(sync)}): "
+                          "no R* for this seed[/]")
+            return
+        target, fifth = r_star(sync)
+        done[seed] = [figures_of(seed, "sync", sync, target, fifth, 0)]
+        labels = [f"async{bound}-{seed}" for bound in args.staleness]
+        try:
+            await asyncio.gather(*(
+                one(label, "async", 2 * steps, (*seeded, f"rollout.max_staleness={bound}",
+                                               f"target_reward={target}",
+                                               f"target_window={fifth}"))
+                for label, bound in zip(labels, args.staleness, strict=True)))
+        finally:  # also at the deadline: an async run cut short is a miss, with its figures
+            done[seed] += [figures_of(seed, f"async{bound}", metrics_of(tmp / label / "async"),
+                                      target, fifth, bound)
+                           for label, bound in zip(labels, args.staleness, strict=True)]
+            say_seed(seed, sync, done[seed])
+
+    tasks = [asyncio.ensure_future(seed_run(s)) for s in range(args.seeds)]
+    finished, late = await asyncio.wait(tasks, timeout=args.deadline)
+    for task in late:
+        task.cancel()
+    if late:
+        console.print(f"  [red]deadline of {args.deadline:.0f} s: {len(late)} seed(s) stopped[/]")
+        await asyncio.gather(*late, return_exceptions=True)
+    for task in finished:
+        task.result()  # a crash of the parent's own code is the section's crash
+    return [r for seed in sorted(done) for r in done[seed]]
+
+
+def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
+    """The metrics a run wrote (none if it stopped before its first step)."""
+    from tempering.train.report import load_metrics
+
+    return load_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+
+
+def r_star(sync: list[dict[str, Any]]) -> tuple[float, int]:
+    """R* (the mean reward of sync's last fifth of steps) and that fifth's length."""
+    fifth = max(1, len(sync) // 5)
+    return statistics.fmean(m["reward_mean"] for m in sync[-fifth:]), fifth
+
+
+def say_seed(seed: int, sync: list[dict[str, Any]], runs: list[Run]) -> None:
+    target, fifth = r_star(sync)
+    first = statistics.fmean(m["reward_mean"] for m in sync[:fifth])
+    console.print(f"  seed {seed}: R* = {target:.3f} (sync's last {fifth} steps; its first "
+                  f"{first:.3f}); time to R*: " + ", ".join(
+                      f"{r.label} {r.time_to:.0f} s" for r in runs))
+
+
+def child_main(spec: str) -> None:
+    """One run of a parent's ``--jobs``: train it, its metrics in its run directory."""
+    run = json.loads(spec)
+    asyncio.run(train(run["label"], run["mode"], Path(run["runs"]), run["steps"],
+                      *run["extra"]))
 
 
 def summarise(runs: list[Run], n: int, bounds: list[int]) -> list[Figure]:
     """Every run in a table, then the figures over the seeds."""
+    if not runs:
+        console.print("  [red]no seed has an R*: no figures[/]")
+        return []
     by = {label: [r for r in runs if r.label == label]
           for label in ["sync", *(f"async{b}" for b in bounds)]}
     console.print(f"  {'run':<8} {'seed':>4} {'R*':>6} {'to R* s':>8} {'steps':>6} "
@@ -276,16 +342,25 @@ def options(parser: argparse.ArgumentParser) -> None:
                         help="a config override for every run of both modes, repeatable "
                              "(e.g. learner.device=cuda to train on a GPU)")
     parser.add_argument("--jobs", type=_positive, default=1,
-                        help="seeds run at once, each in a process of its own (default 1: "
-                             "one after another; more on a machine with cores to spare)")
-    parser.add_argument("--seed-index", type=int, help=argparse.SUPPRESS)  # a --jobs child
-    parser.add_argument("--runs-out", help=argparse.SUPPRESS)
+                        help="runs at once, each in a process of its own (default 1: one "
+                             "after another, in this process; more on a machine with cores "
+                             "to spare)")
+    parser.add_argument("--deadline", type=_seconds, default=None, metavar="SECONDS",
+                        help="stop the runs still going this long after the start and report "
+                             "what was done (a run stopped before R* is a miss)")
 
 
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: give a positive number")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive number of seconds")
     return value
 
 
@@ -301,5 +376,8 @@ def _bounds(text: str) -> list[int]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TEMPERING_CACHE", str(Path.home() / ".cache" / "tempering"))
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # one run of a parent's --jobs
+        child_main(sys.argv[2])
+        sys.exit(0)
     benchmark_main(__doc__ or "", {"compare": compare}, "async vs sync",
                    quick_help="10 steps per sync run instead of 16", options=options)
