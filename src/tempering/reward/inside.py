@@ -1324,7 +1324,9 @@ def main():
 
 def freeze():
     """The launcher's and the guard's global names made constants (``inside_guard.freeze``):
-    once the tested code runs, no binding it adds or changes redirects them."""
+    once the tested code runs, no binding it adds or changes redirects them. The builtins
+    that read their caller's frame are the guard's before that (``frame_readers``)."""
+    guard_module.frame_readers()
     guard_module.freeze([guard_module, compiling, sys.modules[__name__]])
     guard_module.freeze_frame_handlers()
 

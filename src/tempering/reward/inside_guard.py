@@ -64,6 +64,7 @@ WATCHED = frozenset({
     "gc.get_referents", "sys.settrace", "sys.setprofile", "object.__getattr__",
     "object.__setattr__", "ctypes.dlopen", "os.kill", "os.killpg", "import", "compile",
     "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount", "exec",
+    "tempering.frame_read", "tempering.create_builtin",
     "function.__new__", "sys.addaudithook", "sys._current_exceptions",
     "sys.monitoring.register_callback", "sys._getframemodulename",
 })
@@ -100,10 +101,22 @@ CALLED_AS = {"<lambda>": ("currentframe",)}
 SOURCE_LINES = ("linecache.py", "tokenize.py")
 # The instructions of a direct frame access (3.11 bytecode), and those that may stand between a
 # call's callable and the call itself (its arguments, loaded or worked out without a call).
-_LOAD_ATTR, _LOAD_METHOD, _LOAD_GLOBAL, _LOAD_CONST, _FOR_ITER, _EXTENDED_ARG = (
+_LOAD_ATTR, _LOAD_METHOD, _LOAD_GLOBAL, _LOAD_CONST, _FOR_ITER, _EXTENDED_ARG, _IMPORT_NAME = (
     _opmap.get(n, -1) for n in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_CONST",
-                                "FOR_ITER", "EXTENDED_ARG"))
+                                "FOR_ITER", "EXTENDED_ARG", "IMPORT_NAME"))
 _CALLS = frozenset(_opmap[n] for n in ("PRECALL", "CALL") if n in _opmap)
+_LOAD_NAME, _SEND = _opmap["LOAD_NAME"], _opmap.get("SEND", -1)
+# Every instruction that calls what it loaded: with keywords (3.13) and with ``*args``, too.
+_ANY_CALL = _CALLS | frozenset(_opmap[n] for n in ("CALL_KW", "CALL_FUNCTION_EX")
+                               if n in _opmap)
+_LOAD_FAST_PAIR = _opmap.get("LOAD_FAST_LOAD_FAST", -2)  # 3.13: two locals, the second last
+_LOAD_FASTS = frozenset(_opmap[n] for n in (
+    "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE",
+    "LOAD_FAST_LOAD_FAST") if n in _opmap)
+_method = type((lambda: None).__get__(0))  # a bound method
+_HEAPTYPE = 1 << 9
+_IMPORTS = frozenset(_opmap[n] for n in ("IMPORT_NAME", "IMPORT_FROM", "IMPORT_STAR")
+                     if n in _opmap)
 _NOP = _opmap["NOP"]
 _ATTR_SHIFT = 1 if sys.version_info >= (3, 12) else 0  # 3.12 keeps a flag in LOAD_ATTR's low bit
 _NULL_AFTER = sys.version_info >= (3, 13)  # 3.13 calls [callable, self or NULL, args...]
@@ -112,6 +125,10 @@ _ARGUMENTS = frozenset(_opmap[n] for n in (
     "LOAD_NAME", "BINARY_OP", "PUSH_NULL", "KW_NAMES", "PRECALL", "NOP") if n in _opmap)
 # What a frozen site loads in place of a name (``freeze_frame_handlers``).
 _GETFRAME, _HASATTR, _GETATTR = sys._getframe, hasattr, getattr
+# Where an event is attributed when C code did it with no frame of the tested code's below: a
+# callable of the tested code's that is no function (``functools.partial``, ``map``,
+# ``operator.attrgetter``) called by a frame of the harness's, which runs in that frame.
+BY_C = "<a callable of the tested code's that is no function>"
 # The frame events a call makes: (event, the name it is called by, the function, as code the
 # guard folded loads it), 3.12's ``_getframemodulename`` (namedtuple's, a TypeVar's module)
 # besides ``_getframe``. A tuple: nothing the tested code reaches can change it.
@@ -547,6 +564,8 @@ class Guard:
         self.bindings = {}  # a loading hidden module's namespace: what each name held, by id
         self.contents = {}  # and what its data held (``_content``)
         self.module_codes = None  # addresses of the hidden files' module code (``bound``)
+        self.create_builtin = None  # ``_imp``'s original, once ``install`` takes it
+        self.sealed_types = None  # ``_sealed_types()``, when first asked
 
     # ---- set-up, before any tested code runs ----
 
@@ -670,6 +689,8 @@ class Guard:
                         self.flag("read_tests", f"it imported the hidden {path}", tested)
                     else:
                         box.append(self.codes.get(path))
+            elif event == "tempering.create_builtin":  # (spec, box): the launcher's wrapper
+                self.hand_create_builtin(args[0], args[1])
             elif not self.alone:  # else nothing here is the tested code's to attribute
                 self.check(event, args)
             elif event == "compile" or event == "exec" or event == "open":
@@ -689,6 +710,21 @@ class Guard:
         if denied:
             self.local.deny = None  # flagged already: stopping it keeps the tested code from more
             raise PermissionError(f"{denied} is not allowed while the hidden tests run")
+
+    def hand_create_builtin(self, spec, box):
+        """Put ``_imp``'s original ``create_builtin`` in ``box`` for the launcher's wrapper,
+        unless ``spec`` is a builtin module loaded before the guard: creating it again would
+        reset its namespace to its start-up state (flagged where the tested code runs here)."""
+        name = _text(spec.name) if type(spec) is _frozen_importlib.ModuleSpec else None
+        if name is None:  # its name read only from the import system's own spec
+            return  # no original for it: the wrapper raises ImportError
+        if name in LOADED_BUILTINS:
+            if not self.alone:
+                self.flag("runner_tampered", f"created the builtin module {name} again",
+                          self.caller(self.library, depth=4) or BY_C)
+            self.local.deny = f"creating the builtin module {name} again"
+        elif type(box) is list and self.create_builtin is not None:
+            box.append(self.create_builtin)
 
     def refuse(self, event):
         """Stop ``event`` (the audit hook raising aborts the call), flagging the tested code
@@ -962,7 +998,9 @@ class Guard:
         ``Counter`` counting a ``map`` of ``attrgetter("f_code")``) is not its own access, and
         the walk goes on to whoever called it. Nor does traceback's code vouch where it was
         asked to capture the frames' locals."""
-        frame, below, broken = sys._getframe(depth), None, False
+        frame, below, broken, prev = sys._getframe(depth), None, False, None
+        if self.by_c(frame, event, attr):
+            return BY_C
         while frame is not None:
             code = frame.f_code
             name = _text(code.co_filename) or ""
@@ -970,7 +1008,10 @@ class Guard:
                 return name
             if not _startswith(name, "<"):
                 if not self.library(name):
-                    return None
+                    # The harness's own frame: the library code below it must be what its
+                    # instruction called, not what C code of the tested code's called in it
+                    # (``iter(inspect.currentframe, None)``; red team, round forty-three).
+                    return None if prev is None or self.called(frame, prev) else BY_C
                 if not broken and self.benign(name):
                     vouched = (self.direct(frame, event, attr) if below is None
                                else self.hands_to(frame, below))
@@ -978,11 +1019,155 @@ class Guard:
                         if _text(code.co_name) not in HANDS_OUT_FRAMES:
                             return None
                         below = frame  # it hands the frame on: its taker must vouch too
-                        frame = frame.f_back
+                        prev, frame = frame, frame.f_back
                         continue
             broken = True
-            frame = frame.f_back
+            prev, frame = frame, frame.f_back
         return self.thread()
+
+    def called(self, frame, callee):
+        """Whether ``frame``'s own instruction ran ``callee`` (the frame above which it is):
+        a call of the very function (its callable resolved without running anything, from the
+        names its source span loads: a module's or a class's namespace, the frame's own
+        variables; by name only where a chain cannot be so resolved), the iteration of a
+        generator, an implicit special method (``==``, ``with``, a property of the attribute's
+        name), or an import the import system's frames run. The last three only on an object
+        of a class that existed when the runner was sealed: a class of the tested code's that
+        borrows a library's ``__iter__`` runs its own C code inside it (red team, round
+        forty-three: ``UserDict.__iter__`` reading a ``data`` property made of C callables)."""
+        code, its = frame.f_code, callee.f_code
+        op, arg, run = _site(frame)
+        function = _text(its.co_name) or ""
+        if _startswith(_text(its.co_filename) or "", "<frozen"):
+            return op in _IMPORTS or (op in _ANY_CALL and any(
+                _named(code, o, a) in ("__import__", "import_module", "reload")
+                for o, a in run))
+        if op in _ANY_CALL:
+            found, unresolved = self.callables(frame, run)
+            if any(_runs(value, its) for value in found):
+                # the library's own, as it was bound when the runner was sealed, for an
+                # object of a class of then: not the tested function itself made of it
+                # (``types.MethodType(ChainMap.get, obj)``, a third red team)
+                return all(self.bound_at_seal(value) for value in found if _runs(value, its)) \
+                    and self.sealed_receiver(callee)
+            owner = str.rpartition(_text(getattr(its, "co_qualname", "")) or "", ".")[0]
+            names = {function, str.rpartition(owner, ".")[2]}
+            if its.co_flags & RESUMABLE:
+                names |= {"next", "send", "throw"}
+            return bool(names & unresolved) and self.sealed_receiver(callee)
+        if its.co_flags & RESUMABLE:
+            return (op == _FOR_ITER or op == _SEND) and self.sealed_receiver(callee)
+        if op == _LOAD_ATTR or op == _LOAD_METHOD:
+            if _named(code, op, arg) == function:  # a property's getter
+                return self.sealed_receiver(callee)
+        return (_startswith(function, "__") and str.endswith(function, "__")
+                and self.sealed_receiver(callee))
+
+    def callables(self, frame, run):
+        """(what the call ``frame`` is at may call, the names of the chains that could not be
+        resolved): each chain of loads in the call's source span (a global, a local, a
+        constant, then attributes) followed through module and class namespaces, never
+        through an object's own ``__getattr__``."""
+        code, found, unresolved = frame.f_code, [], set()
+        base, resolved = None, False
+        space = frame.f_globals
+        for op, arg in reversed(_call_loads(frame, run)):  # in the code's order
+            name = _named(code, op, arg)
+            if op == _LOAD_GLOBAL or op == _LOAD_NAME:
+                base, resolved = _lookup(space, name)
+                if not resolved and op == _LOAD_NAME:
+                    base, resolved = _lookup(_frame_locals(frame), name)
+            elif op in _LOAD_FASTS:
+                local = code._varname_from_oparg(arg & 15 if op == _LOAD_FAST_PAIR else arg)
+                base, resolved = _lookup(_frame_locals(frame), local)
+            elif op == _LOAD_CONST:
+                base, resolved = code.co_consts[arg], True
+            elif (op == _LOAD_ATTR or op == _LOAD_METHOD) and name is not None:
+                if resolved:
+                    base, resolved = _namespace_attribute(base, name)
+                if not resolved:
+                    unresolved.add(name)
+            else:
+                base, resolved = None, False
+                continue
+            if resolved:
+                found.append(base)
+        return found, unresolved
+
+    def sealed_receiver(self, callee):
+        """Whether the object a method's frame ``callee`` runs for (its first argument) is of
+        a class that existed when the runner was sealed (and every class it derives from),
+        or the function takes none."""
+        its = callee.f_code
+        if not its.co_argcount:
+            return True
+        receiver = _frame_locals(callee).get(its.co_varnames[0])
+        kind = receiver if issubclass(type(receiver), type) else type(receiver)
+        return all(self.bound_at_seal(klass) or self.hidden_class(klass) for klass in _MRO(kind))
+
+    def hidden_class(self, klass):
+        """Whether a hidden test module defined ``klass`` (a ``TestCase``, a helper): its own
+        functions' globals are that module's."""
+        return any(type(value) is _function and _addr(value.__globals__) in self.test_globals
+                   for value in list(_type_dict(klass).values()))
+
+    def bound_at_seal(self, value):
+        """Whether ``value`` (a function, class or method wrapper) was bound in a namespace
+        ``preseal`` laid out, as it is now (a builtin class always is); a bound method if its
+        function is and its object's class was."""
+        if type(value) is _method:
+            owner = value.__self__
+            kind = owner if issubclass(type(owner), type) else type(owner)
+            return self.bound_at_seal(value.__func__) and all(
+                self.bound_at_seal(k) for k in _MRO(kind))
+        if issubclass(type(value), type) and not value.__flags__ & _HEAPTYPE:
+            return True
+        if self.sealed_types is None:
+            self.sealed_types = _sealed_types()
+        return _addr(value) in self.sealed_types
+
+    def by_c(self, frame, event, attr=None, called=None):
+        """Whether C code that ``frame`` (not the tested code's) did not call for it raised
+        ``event``: its instruction neither makes the access (``direct``) nor, for a wrapper of
+        the launcher's (``called``: (name, code)), calls that wrapper.
+
+        Such C code is the tested code's: a callable that is no function (``functools.partial``
+        of ``sys._getframe``, a ``map`` of ``operator.attrgetter("tb_frame")``, an iterator of
+        ``locals``) that a test called as the tested function, or that the runner called as a
+        special method, a finaliser or a callback. It runs with no frame of its own, so the
+        test's or the runner's frame is the innermost one, and a walk for the tested code's
+        frames finds none (red team, round forty-two)."""
+        if frame is None:
+            return False
+        code = frame.f_code
+        name = _text(code.co_filename) or ""
+        if self.tested(code, name) or _startswith(name, "<"):
+            return False
+        if called is None:
+            return not self.direct(frame, event, attr)
+        op, _, run = _site(frame)
+        wanted, wrapper = called
+        consts = code.co_consts
+        return not (op in _CALLS and any(_named(code, o, a) == wanted or (
+            o == _LOAD_CONST and type(consts[a]) is _function
+            and consts[a].__code__ is wrapper) for o, a in run))
+
+    def by_c_in_test(self, frame, event):
+        """``BY_C`` if C code a hidden test's frame did not call for it raised ``event`` (the
+        loading of a native module, a ctypes call), else None: past the import system's own
+        frames, the first is a hidden test's, at an instruction that neither imports nor
+        calls by the event's name (``import ctypes``, ``ctypes.string_at(...)``)."""
+        while frame is not None and _startswith(_text(frame.f_code.co_filename) or "", "<"):
+            frame = frame.f_back
+        if frame is None or not _startswith(_text(frame.f_code.co_filename) or "", self.tests):
+            return None
+        op, arg, run = _site(frame)
+        if op == _IMPORT_NAME:
+            return None
+        names = {"__import__", "import_module", str.rpartition(event, ".")[2]}
+        if op in _CALLS and any(_named(frame.f_code, o, a) in names for o, a in run):
+            return None
+        return BY_C
 
     def made_from_string(self, name):
         """Code compiled from a string (not frozen): for frame events and reads of the hidden
@@ -1180,10 +1365,13 @@ class Guard:
                 where = self.frame_caller(event, name)
                 if where is not None:
                     self.flag("introspection", f"frame attribute {args[1]}", where)
+                if where is BY_C:  # it has no frame of its own to go on in: stopped
+                    self.local.deny = f"frame attribute {args[1]} read by {BY_C}"
             elif (name in CODE_ATTRS and type(args[0]) is _function
                   and (_addr(args[0].__globals__) in self.test_globals
                        or _addr(args[0].__globals__) in self.launcher_globals)):
-                where = self.in_stack()
+                where = self.in_stack() or (
+                    BY_C if self.frame_caller(event, name) is BY_C else None)
                 if where is not None:
                     self.flag("read_tests", f"the code of test {_text(args[0].__qualname__)}",
                               where)
@@ -1203,6 +1391,8 @@ class Guard:
             where = self.frame_caller(event)
             if where is not None:
                 self.flag("introspection", event, where)
+            if where is BY_C:
+                self.local.deny = f"{event} called by {BY_C}"
         elif event == "exec" or event == "function.__new__":
             code = args[0] if args else None
             if type(code) is _code and not self.imported(code):
@@ -1229,14 +1419,21 @@ class Guard:
                 if where is not None:
                     self.flag("introspection", f"{event} as library file {filename}", where)
         elif _startswith(event, "ctypes."):  # loading a library, a symbol, calling, raw memory
-            where = self.caller(self.library)
+            where = self.caller(self.library) or self.by_c_in_test(sys._getframe(2), event)
             if where is not None:
                 self.flag("ctypes", event, where)
                 self.local.deny = f"{event} by the tested code"
         elif event == "tempering.refcount":  # from the launcher's wrapper: who called it
-            where = self.in_stack()
+            wrapper = sys._getframe(2)
+            where = self.in_stack() or (BY_C if self.by_c(
+                wrapper.f_back, event, called=("getrefcount", wrapper.f_code)) else None)
             if where is not None:
                 self.flag("introspection", "sys.getrefcount", where)
+        elif event == "tempering.frame_read":  # locals(), globals(), vars(), dir(): whose
+            wrapper, called = sys._getframe(2), _text(args[0]) or "?"
+            if self.by_c(wrapper.f_back, event, called=(called, wrapper.f_code)):
+                self.flag("introspection", f"{called}() of a frame not its own", BY_C)
+                self.local.deny = f"{called}() called by a callable that is no function"
         elif event in ("os.kill", "os.killpg"):
             if type(args[0]) is int and args[0] in (self.pid, os.getppid(), 0, -1,
                                                     os.getpgid(0)):
@@ -1247,7 +1444,9 @@ class Guard:
             module = _text(args[0]) or ""
             top = str.split(module, ".")[0]
             if top in ("_pytest", "pytest", "pluggy") or top in NATIVE_MODULES:
-                where = self.caller(self.library)
+                where = self.caller(self.library) or (
+                    self.by_c_in_test(sys._getframe(2), event) if top in NATIVE_MODULES
+                    else None)
                 if where is not None:
                     flag = "ctypes" if top in NATIVE_MODULES else "imports_pytest"
                     self.flag(flag, module, where)
@@ -1302,11 +1501,111 @@ def _site(frame):
     return ops[at], args[at], run
 
 
+_spans = {}  # code address -> (code, each code unit's source position), for ``_call_loads``
+
+
+def _call_loads(frame, run):
+    """The instructions before the call ``frame`` is at that lie inside that call's source
+    span: its callable's loads and its arguments', however long (``pytest.main([...],
+    plugins=[...])``, where ``_site``'s run stops at the list). ``run`` where the code
+    has no positions."""
+    code = frame.f_code
+    found = _spans.get(_addr(code))
+    if found is None or found[0] is not code:
+        if len(_spans) > 512:
+            _spans.clear()
+        found = _spans[_addr(code)] = (code, list(code.co_positions()))
+    positions = found[1]
+    offsets, ops, args = _instructions(code)
+    at = bisect_right(offsets, frame.f_lasti) - 1
+    line, end_line, column, end_column = positions[offsets[at] // 2]
+    if line is None or column is None:
+        return run
+    loads = []
+    for i in range(at - 1, -1, -1):
+        first, last, start, end = positions[offsets[i] // 2]
+        if first is None or start is None:
+            continue
+        if (first, start) < (line, column):
+            break  # before the call's expression begins
+        if (last, end) <= (end_line, end_column):
+            loads.append((ops[i], args[i]))
+    return loads
+
+
+def _lookup(space, name):
+    """(``space[name]``, True), or (None, False): a plain dict's entry, builtins after a
+    module's globals."""
+    if name is None or type(space) is not dict:
+        return None, False
+    if name in space:
+        return space[name], True
+    spaces = space.get("__builtins__")
+    spaces = _module_dict(spaces) if type(spaces) is _module else spaces
+    if type(spaces) is dict and name in spaces:
+        return spaces[name], True
+    return None, False
+
+
+def _namespace_attribute(base, name):
+    """(``base.name``, True) where that is a module's entry or a class's (through its MRO,
+    for the class or an instance of it), taken from the namespaces themselves; else
+    (None, False): nothing of the object's own runs."""
+    if type(base) is _module:
+        return _lookup(_module_dict(base), name)
+    kind = base if issubclass(type(base), type) else type(base)
+    for klass in _MRO(kind):
+        space = _type_dict(klass)
+        if name in space:
+            return space[name], True
+    return None, False
+
+
+def _runs(value, code):
+    """Whether calling ``value`` runs the function whose code is ``code``: that function, a
+    method or static or class method of it, or a class whose ``__init__``, ``__new__`` or
+    metaclass ``__call__`` it is."""
+    for _ in range(3):
+        kind = type(value)
+        if kind is staticmethod or kind is classmethod or kind is _method:
+            value = value.__func__
+        else:
+            break
+    if type(value) is _function:
+        return value.__code__ is code
+    if issubclass(type(value), type):
+        for name, kind in (("__init__", value), ("__new__", value), ("__call__", type(value))):
+            found, resolved = _namespace_attribute(kind, name)
+            if resolved and type(found) is not type and _runs(found, code):
+                return True
+    return False
+
+
+def _sealed_types():
+    """The addresses of the classes and functions (and their method wrappers) bound in the
+    namespaces ``preseal`` laid out (modules and their classes) as they are bound now: what
+    the tested code made is not among them, unless it replaced one of them, which the
+    integrity checks see."""
+    found = set()
+    for _module_object, (maps, keys, _spaces) in list(_PRESEALED.values()):
+        for space, key in zip(maps, keys, strict=True):
+            value = space.get(key)
+            kind = type(value)
+            if kind is staticmethod or kind is classmethod:
+                found.add(_addr(value))
+                value = value.__func__
+            if kind is _function or issubclass(type(value), type) or type(value) is _function:
+                found.add(_addr(value))
+    return found
+
+
 def _named(code, op, arg):
     """The name an instruction loads (a global, an attribute, a method), else None."""
     names = code.co_names
     if op == _LOAD_GLOBAL:
         index = arg >> 1
+    elif op == _LOAD_NAME:  # a module's or a class body's own code
+        index = arg
     elif op == _LOAD_ATTR:
         index = arg >> _ATTR_SHIFT
     elif op == _LOAD_METHOD:
@@ -1528,6 +1827,103 @@ def _cache_entries():
     return list(entries)
 
 
+# The builtins that read the frame that calls them, with no audit event: what ``locals()``
+# returns on 3.13 (a snapshot, not the frame's write-through proxy) and the frames' kinds.
+_FRAME_PROXY = type((lambda: sys._getframe().f_locals)())
+_MRO = type.__dict__["__mro__"].__get__
+
+
+def _frame_locals(frame):
+    found = frame.f_locals
+    return dict(found) if type(found) is _FRAME_PROXY and _FRAME_PROXY is not dict else found
+
+
+def _locals():
+    _audit("tempering.frame_read", "locals")
+    return _frame_locals(_GETFRAME(1))
+
+
+def _globals():
+    _audit("tempering.frame_read", "globals")
+    return _GETFRAME(1).f_globals
+
+
+def _vars(*args):
+    if not args:
+        _audit("tempering.frame_read", "vars")
+        return _frame_locals(_GETFRAME(1))
+    if len(args) > 1:
+        raise TypeError(f"vars expected at most 1 argument, got {len(args)}")
+    try:
+        return args[0].__dict__
+    except AttributeError:
+        raise TypeError("vars() argument must have __dict__ attribute") from None
+
+
+def _dir(*args):
+    if not args:
+        _audit("tempering.frame_read", "dir")
+        return sorted(_frame_locals(_GETFRAME(1)))
+    if len(args) > 1:
+        raise TypeError(f"dir expected at most 1 argument, got {len(args)}")
+    obj, kind = args[0], type(args[0])
+    for klass in _MRO(kind):  # the special lookup of ``__dir__``, as the builtin makes it
+        found = _type_dict(klass)
+        if "__dir__" in found:
+            method = found["__dir__"]
+            get = getattr(type(method), "__get__", None)
+            return sorted((get(method, obj, kind) if get is not None else method)())
+    raise TypeError("object does not provide __dir__")
+
+
+def _create_builtin(spec):
+    """``_imp.create_builtin``, asked of the guard: it hands over the original (which it alone
+    holds once it runs), except for a builtin module loaded before it, which it refuses.
+    Creating one again resets its namespace to what it held at start-up: ``builtins``' own
+    ``locals``, ``_signal``'s ``signal``, undoing the launcher's wrappers."""
+    box = []
+    _audit("tempering.create_builtin", spec, box)
+    create = box[0] if box else _ORIGINALS.get("create_builtin")  # no guard: nothing to keep
+    if create is None:
+        raise ImportError(f"the builtin module {getattr(spec, 'name', spec)!r} cannot be "
+                          "created here")
+    return create(spec)
+
+
+_ORIGINALS = {}  # what the guard takes into its keeping when it starts (``install``)
+LOADED_BUILTINS = frozenset()  # the builtin modules loaded before the guard
+
+
+def frame_readers():
+    """Put the launcher's own ``locals``, ``globals``, ``vars`` and ``dir`` in ``builtins``,
+    before ``freeze``: each raises an audit event before it reads the frame that called it,
+    and the guard refuses (and flags) the read when that frame is not the tested code's and
+    did not call it itself. The builtins themselves raise none: an iterator of ``locals``,
+    the tested function itself, called by a hidden test's frame, read that test's locals (the
+    expected value) with no frame of the tested code's anywhere (red team, round forty-two).
+    The originals are not kept anywhere the tested code reaches, and ``_imp.create_builtin``,
+    which would restore them, refuses the builtin modules already loaded."""
+    import _imp
+    import builtins
+
+    for name, wrapper in (("locals", _locals), ("globals", _globals), ("vars", _vars),
+                          ("dir", _dir)):
+        original = getattr(builtins, name)
+        if type(original) is _function:
+            continue  # done (the grading zygote, then the grading it forks)
+        wrapper.__name__ = wrapper.__qualname__ = name
+        wrapper.__module__, wrapper.__doc__ = "builtins", original.__doc__
+        setattr(builtins, name, wrapper)
+    if type(_imp.create_builtin) is not _function:
+        global LOADED_BUILTINS
+        LOADED_BUILTINS = frozenset({"builtins", "sys", "_imp"} | (
+            set(sys.builtin_module_names) & set(sys.modules)))
+        _ORIGINALS["create_builtin"] = _imp.create_builtin
+        _create_builtin.__name__ = _create_builtin.__qualname__ = "create_builtin"
+        _create_builtin.__module__ = "_imp"
+        _imp.create_builtin = _create_builtin
+
+
 def undumpable():
     """No other process of the sandbox's uid may ptrace this one or open its /proc memory
     (there may be no Yama here to stop a child tracing its parent). Uses ctypes, then forgets
@@ -1553,6 +1949,8 @@ def install(fd, key, workspace, tests, launcher_dir, codes):
     registers its reporting functions with ``allow`` and drops the guard before any tested
     code runs."""
     guard = Guard(fd, key, workspace, tests, launcher_dir)
+    # Only the guard holds the original from here on (``_create_builtin`` asks it for it).
+    guard.create_builtin = _ORIGINALS.pop("create_builtin", None)
     # In no order a reader could learn the canary's place from.
     guard.codes = dict(shuffled(codes.items()))
     for code in guard.codes.values():

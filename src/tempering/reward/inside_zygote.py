@@ -309,6 +309,7 @@ def main():
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
     inside.guard_module.preseal(os.path.dirname(inside.__file__))  # once, for every grading
+    inside.guard_module.frame_readers()  # before the freeze, which folds them in
     inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
                                 sys.modules[__name__]])
     inside.guard_module.freeze_frame_handlers()
