@@ -9,8 +9,8 @@ a literal already was; against an int literal a value that is no int is had as a
 ``Fraction`` or a float subclass is not cut to an int.
 
 (The same red team's first finding, a tested function that is itself a chain of C callables
-reading the test's frame with ``locals()`` at the call, is a declared gap of one-process
-grading: docs/rewards.md.)
+reading the test's frame with ``locals()`` at the call, is round forty-three's:
+test_redteam_round43.py.)
 """
 
 from __future__ import annotations
