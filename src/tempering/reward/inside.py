@@ -890,6 +890,7 @@ def prepare(config, fd, pytest_hooks=False):
     guard.alone = config.get("isolation") in SEPARATE
     _frameless_signals(type(guard).__call__.__code__)
     _audited_refcounts()
+    _untracing()
     del guard  # from here on, only audit events reach it
     guard_module.undumpable()
     finder = next((i for i, f in enumerate(sys.meta_path)
@@ -979,6 +980,24 @@ def _audited_refcounts():
 
     getrefcount.__doc__ = sys.getrefcount.__doc__
     sys.getrefcount = getrefcount
+
+
+def _untracing():
+    """``sys.settrace(None)`` and ``sys.setprofile(None)`` where none is set: nothing to do,
+    so nothing asked. The guard refuses both calls whoever makes them (its audit event does
+    not say which function is set), and ``doctest`` restores the trace function it found,
+    None, in a ``finally``: refused there, it left ``linecache.getlines`` replaced, and an
+    honest test of the solution's docstrings was ``runner_tampered`` (red team, round
+    forty-three). Setting a function is refused as before."""
+    for name in ("settrace", "setprofile"):
+        def unset(function, _set=getattr(sys, name), _get=getattr(sys, "get" + name[3:])):
+            if function is None and _get() is None:
+                return None
+            return _set(function)
+
+        unset.__name__ = unset.__qualname__ = name
+        unset.__doc__ = getattr(sys, name).__doc__
+        setattr(sys, name, unset)
 
 
 def _frameless_signals(guard_code):
