@@ -44,6 +44,31 @@ def test_canaries_sit_beside_a_hidden_file_and_borrow_its_names() -> None:
     assert len(seen) > 3  # the name is drawn, not fixed
 
 
+def test_a_mutant_holds_no_test_class_of_any_name() -> None:
+    # A TestCase named Helper is collected like any test class: kept in a mutant's file, it
+    # ran a second time there, and an honest suite's canaries were reported as tampered.
+    suite = MEDIAN + b"""
+
+import unittest
+
+
+class Helper(unittest.TestCase):
+    def check(self, values, expected):
+        self.assertEqual(median(values), expected)
+
+    def test_helper(self):
+        self.check([1, 2, 3], 2)
+
+
+class Shapes:
+    sides = 4
+"""
+    for _ in range(10):
+        made = canary.make({"/w/tests/test_median.py": suite}, "/w", "tests", "")
+        classes = [n.name for n in ast.parse(made.text).body if isinstance(n, ast.ClassDef)]
+        assert classes == ["Shapes"], made.text
+
+
 def test_the_failing_canary_is_a_mutant_that_fails_for_the_right_answer() -> None:
     made = canary.make({"/w/tests/test_median.py": MEDIAN}, "/w", "tests", "")
     scope: dict[str, object] = {}

@@ -212,6 +212,15 @@ def _mutants(tree: ast.Module) -> list[tuple[str, str, object]]:
     return found
 
 
+def _holds_tests(node: ast.ClassDef) -> bool:
+    """Whether a class defines test methods (a ``unittest.TestCase`` named ``Helper`` is
+    collected all the same: in a mutant's file it ran a second time, and the canaries'
+    outcomes were not what the runner reported for them; a red team's honest suite was
+    ``runner_tampered``)."""
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+               and n.name.startswith("test") for n in node.body)
+
+
 def _template(tree: ast.Module, test: str, holder: str, side: int) -> str:
     """The module with only ``test`` of its tests, renamed ``_NAME``, and the literal on
     ``side`` of the first assertion of ``holder`` (the test or its helper) as ``_LITERAL``:
@@ -221,8 +230,9 @@ def _template(tree: ast.Module, test: str, holder: str, side: int) -> str:
     try:
         for node in body:
             if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                    and node.name.lower().startswith("test") and node.name != test):
-                continue  # the other tests: only the mutant runs
+                    and node.name.lower().startswith("test") and node.name != test) or (
+                    isinstance(node, ast.ClassDef) and _holds_tests(node)):
+                continue  # the other tests (a TestCase of any name too): only the mutant runs
             if isinstance(node, ast.FunctionDef) and node.name == holder:
                 stmt = _first(node.body)
                 assert isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
