@@ -106,6 +106,7 @@ _LOAD_ATTR, _LOAD_METHOD, _LOAD_GLOBAL, _LOAD_CONST, _FOR_ITER, _EXTENDED_ARG, _
                                 "FOR_ITER", "EXTENDED_ARG", "IMPORT_NAME"))
 _CALLS = frozenset(_opmap[n] for n in ("PRECALL", "CALL") if n in _opmap)
 _LOAD_NAME, _SEND = _opmap["LOAD_NAME"], _opmap.get("SEND", -1)
+_STORE_ATTR, _DELETE_ATTR = _opmap["STORE_ATTR"], _opmap["DELETE_ATTR"]
 # Every instruction that calls what it loaded: with keywords (3.13) and with ``*args``, too.
 _ANY_CALL = _CALLS | frozenset(_opmap[n] for n in ("CALL_KW", "CALL_FUNCTION_EX")
                                if n in _opmap)
@@ -115,6 +116,8 @@ _LOAD_FASTS = frozenset(_opmap[n] for n in (
     "LOAD_FAST_LOAD_FAST") if n in _opmap)
 _method = type((lambda: None).__get__(0))  # a bound method
 _HEAPTYPE = 1 << 9
+_ATTRIBUTE_OPS = frozenset(_opmap[n] for n in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR",
+                                               "DELETE_ATTR") if n in _opmap)
 _IMPORTS = frozenset(_opmap[n] for n in ("IMPORT_NAME", "IMPORT_FROM", "IMPORT_STAR")
                      if n in _opmap)
 _NOP = _opmap["NOP"]
@@ -1012,6 +1015,8 @@ class Guard:
                     # instruction called, not what C code of the tested code's called in it
                     # (``iter(inspect.currentframe, None)``; red team, round forty-three).
                     return None if prev is None or self.called(frame, prev) else BY_C
+                if prev is not None and not self.implicitly_ran(frame, prev):
+                    return BY_C  # C code of an object's ran between two library frames
                 if not broken and self.benign(name):
                     vouched = (self.direct(frame, event, attr) if below is None
                                else self.hands_to(frame, below))
@@ -1062,6 +1067,26 @@ class Guard:
                 return self.sealed_receiver(callee)
         return (_startswith(function, "__") and str.endswith(function, "__")
                 and self.sealed_receiver(callee))
+
+    def implicitly_ran(self, frame, callee):
+        """Whether the library frame ``frame`` could have run ``callee`` (the frame above it)
+        itself: by a call (not judged here), an import, by resuming a generator or coroutine,
+        or by an implicit special method (``for``, ``==``, ``-``: a dunder; an attribute: a
+        property of that name). A function that is neither, above an instruction that calls
+        nothing, was called by C code an object's operation ran: a special method of the
+        tested code's that is no function (``__rsub__`` a chain of C callables), run by
+        ``statistics`` or ``pytest.approx`` code on the tested value, calling
+        ``inspect.currentframe`` (round forty-three)."""
+        op, arg, _ = _site(frame)
+        if op in _ANY_CALL or op in _IMPORTS:
+            return True
+        its = callee.f_code
+        if its.co_flags & RESUMABLE:
+            return True
+        function = _text(its.co_name) or ""
+        if op in _ATTRIBUTE_OPS and _named(frame.f_code, op, arg) == function:
+            return True  # a property's getter, setter or deleter
+        return _startswith(function, "__") and str.endswith(function, "__")
 
     def callables(self, frame, run):
         """(what the call ``frame`` is at may call, the names of the chains that could not be
@@ -1604,7 +1629,7 @@ def _named(code, op, arg):
     names = code.co_names
     if op == _LOAD_GLOBAL:
         index = arg >> 1
-    elif op == _LOAD_NAME:  # a module's or a class body's own code
+    elif op == _LOAD_NAME or op == _STORE_ATTR or op == _DELETE_ATTR:  # a name's index
         index = arg
     elif op == _LOAD_ATTR:
         index = arg >> _ATTR_SHIFT
