@@ -569,6 +569,7 @@ class Guard:
         self.module_codes = None  # addresses of the hidden files' module code (``bound``)
         self.create_builtin = None  # ``_imp``'s original, once ``install`` takes it
         self.sealed_types = None  # ``_sealed_types()``, when first asked
+        self.sealed_count = 0  # how many values the integrity record held at the seal
 
     # ---- set-up, before any tested code runs ----
 
@@ -608,6 +609,7 @@ class Guard:
         self.integrity.add("sys", vars(sys), SYS_HOOKS)
         self.integrity.add_sequence("sys.meta_path", sys.meta_path)
         self.integrity.add_sequence("sys.path_hooks", sys.path_hooks)
+        self.sealed_count = len(self.integrity.all[2])  # what existed then (``bound_at_seal``)
         self.sealed = True
 
     def hook_impls(self, manager):
@@ -1120,15 +1122,27 @@ class Guard:
         return found, unresolved
 
     def sealed_receiver(self, callee):
-        """Whether the object a method's frame ``callee`` runs for (its first argument) is of
-        a class that existed when the runner was sealed (and every class it derives from),
-        or the function takes none."""
+        """Whether every argument ``callee`` (a library function's frame) was called with is
+        of a class that existed when the runner was sealed, or of the hidden tests' (and every
+        class it derives from; a class itself, likewise): the library code then runs nothing
+        of the tested code's own, unless inside a container. ``Counter(result)`` or
+        ``assertCountEqual(result, expected)`` iterate a value of the tested code's, whose
+        ``__iter__`` may be a chain of C callables run with the library's frame innermost (a
+        fifth red team, round forty-three)."""
         its = callee.f_code
-        if not its.co_argcount:
-            return True
-        receiver = _frame_locals(callee).get(its.co_varnames[0])
-        kind = receiver if issubclass(type(receiver), type) else type(receiver)
-        return all(self.bound_at_seal(klass) or self.hidden_class(klass) for klass in _MRO(kind))
+        names = its.co_varnames[:its.co_argcount + its.co_kwonlyargcount
+                                + bool(its.co_flags & 4) + bool(its.co_flags & 8)]
+        bound = _frame_locals(callee)
+        for index, name in enumerate(names):
+            value = bound.get(name)
+            extra = index >= its.co_argcount + its.co_kwonlyargcount
+            values = (list(value.values()) if type(value) is dict else list(value)) \
+                if extra and type(value) in (tuple, dict) else [value]
+            for each in values:
+                kind = each if issubclass(type(each), type) else type(each)
+                if not all(self.bound_at_seal(k) or self.hidden_class(k) for k in _MRO(kind)):
+                    return False
+        return True
 
     def hidden_class(self, klass):
         """Whether a hidden test module defined ``klass`` (a ``TestCase``, a helper): its own
@@ -1145,10 +1159,11 @@ class Guard:
             kind = owner if issubclass(type(owner), type) else type(owner)
             return self.bound_at_seal(value.__func__) and all(
                 self.bound_at_seal(k) for k in _MRO(kind))
-        if issubclass(type(value), type) and not value.__flags__ & _HEAPTYPE:
+        if (issubclass(type(value), type) and not value.__flags__ & _HEAPTYPE) \
+                or not self.sealed:  # before the seal nothing of the tested code's has run
             return True
         if self.sealed_types is None:
-            self.sealed_types = _sealed_types()
+            self.sealed_types = _sealed_types(self.integrity.all[2][:self.sealed_count])
         return _addr(value) in self.sealed_types
 
     def by_c(self, frame, event, attr=None, called=None):
@@ -1169,7 +1184,11 @@ class Guard:
         if self.tested(code, name) or _startswith(name, "<"):
             return False
         if called is None:
-            return not self.direct(frame, event, attr)
+            if self.direct(frame, event, attr):
+                return False
+            if self.library(name):  # its own C helper (``getattr(func, attribute)``, mock's)
+                return not (_site(frame)[0] in _ANY_CALL or _site(frame)[0] in _IMPORTS)
+            return True
         op, _, run = _site(frame)
         wanted, wrapper = called
         consts = code.co_consts
@@ -1606,21 +1625,18 @@ def _runs(value, code):
     return False
 
 
-def _sealed_types():
-    """The addresses of the classes and functions (and their method wrappers) bound in the
-    namespaces ``preseal`` laid out (modules and their classes) as they are bound now: what
-    the tested code made is not among them, unless it replaced one of them, which the
-    integrity checks see."""
+def _sealed_types(recorded):
+    """The addresses of the classes and functions (and their method wrappers) among the
+    values the integrity record took when the runner was sealed (every module's and its
+    classes' namespaces then: what the tested code made is not among them)."""
     found = set()
-    for _module_object, (maps, keys, _spaces) in list(_PRESEALED.values()):
-        for space, key in zip(maps, keys, strict=True):
-            value = space.get(key)
-            kind = type(value)
-            if kind is staticmethod or kind is classmethod:
-                found.add(_addr(value))
-                value = value.__func__
-            if kind is _function or issubclass(type(value), type) or type(value) is _function:
-                found.add(_addr(value))
+    for value in recorded:
+        kind = type(value)
+        if kind is staticmethod or kind is classmethod:
+            found.add(_addr(value))
+            value = value.__func__
+        if issubclass(type(value), type) or type(value) is _function:
+            found.add(_addr(value))
     return found
 
 
@@ -1892,6 +1908,8 @@ def _dir(*args):
     if len(args) > 1:
         raise TypeError(f"dir expected at most 1 argument, got {len(args)}")
     obj, kind = args[0], type(args[0])
+    if obj is None:  # ``__get__(None, ...)`` would not bind: None's is object's own
+        return sorted(object.__dir__(None))
     for klass in _MRO(kind):  # the special lookup of ``__dir__``, as the builtin makes it
         found = _type_dict(klass)
         if "__dir__" in found:
