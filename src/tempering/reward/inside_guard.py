@@ -1056,19 +1056,19 @@ class Guard:
                 # object of a class of then: not the tested function itself made of it
                 # (``types.MethodType(ChainMap.get, obj)``, a third red team)
                 return all(self.bound_at_seal(value) for value in found if _runs(value, its)) \
-                    and self.sealed_receiver(callee)
+                    and self.sealed_arguments(callee)
             owner = str.rpartition(_text(getattr(its, "co_qualname", "")) or "", ".")[0]
             names = {function, str.rpartition(owner, ".")[2]}
             if its.co_flags & RESUMABLE:
                 names |= {"next", "send", "throw"}
-            return bool(names & unresolved) and self.sealed_receiver(callee)
+            return bool(names & unresolved) and self.sealed_arguments(callee)
         if its.co_flags & RESUMABLE:
-            return (op == _FOR_ITER or op == _SEND) and self.sealed_receiver(callee)
+            return (op == _FOR_ITER or op == _SEND) and self.sealed_arguments(callee)
         if op == _LOAD_ATTR or op == _LOAD_METHOD:
             if _named(code, op, arg) == function:  # a property's getter
-                return self.sealed_receiver(callee)
+                return self.sealed_arguments(callee)
         return (_startswith(function, "__") and str.endswith(function, "__")
-                and self.sealed_receiver(callee))
+                and self.sealed_arguments(callee))
 
     def implicitly_ran(self, frame, callee):
         """Whether the library frame ``frame`` could have run ``callee`` (the frame above it)
@@ -1121,7 +1121,7 @@ class Guard:
                 found.append(base)
         return found, unresolved
 
-    def sealed_receiver(self, callee):
+    def sealed_arguments(self, callee):
         """Whether every argument ``callee`` (a library function's frame) was called with is
         of a class that existed when the runner was sealed, or of the hidden tests' (and every
         class it derives from; a class itself, likewise): the library code then runs nothing
