@@ -1191,10 +1191,7 @@ class Guard:
             return True
         op, _, run = _site(frame)
         wanted, wrapper = called
-        consts = code.co_consts
-        return not (op in _CALLS and any(_named(code, o, a) == wanted or (
-            o == _LOAD_CONST and type(consts[a]) is _function
-            and consts[a].__code__ is wrapper) for o, a in run))
+        return not (op in _CALLS and _calls(code, run, (wanted,), wrapper))
 
     def by_c_in_test(self, frame, event):
         """``BY_C`` if C code a hidden test's frame did not call for it raised ``event`` (the
@@ -1259,10 +1256,8 @@ class Guard:
         if _text(frame.f_code.co_filename) != _text(code.co_filename):
             return False
         function = _text(code.co_name)
-        wanted, consts = CALLED_AS.get(function, (function,)), frame.f_code.co_consts
-        return op in _CALLS and any(_named(frame.f_code, o, a) in wanted or (
-            o == _LOAD_CONST and type(consts[a]) is _function and consts[a].__code__ is code)
-            for o, a in run)
+        return op in _CALLS and _calls(frame.f_code, run, CALLED_AS.get(function, (function,)),
+                                       code)
 
     def captures_locals(self, frame):
         """Whether traceback's code from ``frame`` out was asked to keep the frames' locals
@@ -1638,6 +1633,15 @@ def _sealed_types(recorded):
         if issubclass(type(value), type) or type(value) is _function:
             found.add(_addr(value))
     return found
+
+
+def _calls(code, run, names, target):
+    """Whether the loads in ``run`` (``_site``'s, in ``code``) name a function by one of
+    ``names``, or load as a constant (frozen) the function whose code is ``target``."""
+    consts = code.co_consts
+    return any(_named(code, o, a) in names or (
+        o == _LOAD_CONST and type(consts[a]) is _function and consts[a].__code__ is target)
+        for o, a in run)
 
 
 def _named(code, op, arg):
