@@ -1,7 +1,7 @@
 """Asynchronous against synchronous RL on a long-tail environment, side by side in one run.
 
     python benchmarks/async_vs_sync.py [--quick] [--seeds N] [--jobs J] [--staleness 3,4]
-        [--set K=V] [--json FILE]
+        [--overlap] [--deadline S] [--keep DIR] [--set K=V] [--json FILE]
 
 Both runs are ``tempering train`` runs (``Trainer``) of one config that differs only in
 ``mode``: the same tiny model, warmed up once (cached) and the same for both, the same tasks,
@@ -44,6 +44,12 @@ spare: the runs then share it, so each is timed on a busier machine than its own
 seed's async runs start when its sync run has set R*. ``--deadline S`` stops the runs still
 going S seconds after they began and reports what was done, each run's figures read from the
 ``metrics.jsonl`` it wrote (for a short device lease: a run cut before R* is a miss).
+``--overlap`` starts every sync run at once and the async runs ``--jobs`` at a time beside
+them from the start, not after their sync: an async run that starts before its seed's R* is set
+trains its full steps, and its time to R* is read from its metrics afterwards by the same rule
+(for a machine with cores to spare and a lease too short for syncs then asyncs; each async run
+then shares the machine with fewer others). ``--keep DIR`` copies each run's ``metrics.jsonl``
+(every step's figures: idle, slot use, staleness) into DIR.
 ``--set KEY=VALUE`` (repeatable) overrides the config of every run of both modes, e.g.
 ``learner.device=cuda`` for the regime async training is for: the learner on a device of its
 own (on two CPU cores the async step sits on the machine's floor, docs/training.md).
@@ -63,9 +69,11 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,14 +98,23 @@ def config_for(mode: str, runs: Path, steps: int, *extra: str) -> Any:
         "checkpoint_every=1000", *extra])
 
 
-def time_to(metrics: list[dict[str, Any]], target: float, window: int) -> tuple[float, float]:
-    """The first wall time, and step, at which the mean reward of the last ``window`` steps
-    reaches ``target`` (inf, inf if it never does)."""
+def reached_at(metrics: list[dict[str, Any]], target: float, window: int) -> int | None:
+    """The index of the first step at which the mean reward of the last ``window`` steps
+    reaches ``target`` (None if none does)."""
     for i in range(window - 1, len(metrics)):
         recent = [m["reward_mean"] for m in metrics[i - window + 1:i + 1]]
         if statistics.fmean(recent) >= target - 1e-9:
-            return float(metrics[i]["wall_s"]), float(metrics[i]["step"])
-    return math.inf, math.inf
+            return i
+    return None
+
+
+def time_to(metrics: list[dict[str, Any]], target: float, window: int) -> tuple[float, float]:
+    """The first wall time, and step, at which the mean reward of the last ``window`` steps
+    reaches ``target`` (inf, inf if it never does)."""
+    i = reached_at(metrics, target, window)
+    if i is None:
+        return math.inf, math.inf
+    return float(metrics[i]["wall_s"]), float(metrics[i]["step"])
 
 
 async def train(label: str, mode: str, runs: Path, steps: int,
@@ -143,8 +160,13 @@ def figures_of(seed: int, label: str, metrics: list[dict[str, Any]], target: flo
         return Run(seed, label, target, math.inf, math.inf, math.nan, math.nan, 0, bound,
                    math.nan, 0)
     t, n = time_to(metrics, target, window)
-    return Run(seed, label, target, t, n, metrics[-1]["wall_s"] / len(metrics),
-               metrics[-1]["learner_idle_frac_total"], max(m["staleness_max"] for m in metrics),
+    # an async run's seconds a step and idle up to R* where it reached it (one that went on
+    # past it, as with --overlap, is the run a practitioner would have stopped there), else
+    # over the run; sync's over its run, whose end defines R*
+    at = reached_at(metrics, target, window) if bound else None
+    upto = metrics if at is None else metrics[:at + 1]
+    return Run(seed, label, target, t, n, upto[-1]["wall_s"] / len(upto),
+               upto[-1]["learner_idle_frac_total"], max(m["staleness_max"] for m in metrics),
                bound, statistics.fmean(m["reward_mean"] for m in metrics[-window:]),
                int(metrics[-1].get("rollbacks", 0)))
 
@@ -182,7 +204,7 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
     steps = 10 if args.quick else 16
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as tmp:
-        if args.jobs > 1 or args.deadline:
+        if args.jobs > 1 or args.deadline or args.overlap or args.keep:
             runs = await in_processes(args, steps, Path(tmp))
         else:
             for seed in range(args.seeds):
@@ -191,19 +213,29 @@ async def compare(args: argparse.Namespace) -> list[Figure]:
 
 
 async def in_processes(args: argparse.Namespace, steps: int, tmp: Path) -> list[Run]:
-    """Every run in a process of its own (this script, for that run alone), ``--jobs`` of them
-    at once; a seed's async runs start once its sync run has set R*. Runs that go at once share
-    the machine, so each of their figures is the one of a machine busier than one run makes
-    it. At ``--deadline`` the runs still going are stopped, and each run's figures are read
-    from the ``metrics.jsonl`` it wrote: a run stopped before R* counts as a miss, a seed whose
-    sync run was stopped has no R* and no figures."""
+    """Every run in a process of its own (this script, for that run alone). Runs that go at
+    once share the machine, so each of their figures is the one of a machine busier than one
+    run makes it. Without ``--overlap``, ``--jobs`` runs go at once and a seed's async runs
+    start once its sync run has set R*. With it, every sync run starts at once and the async
+    runs go ``--jobs`` at a time beside them from the start, each trained to R* if its seed's
+    sync run has set it by the time it starts, else for its full steps, its time to R* read
+    from its metrics afterwards by the same rule. At ``--deadline`` the runs still going are
+    stopped, and each run's figures are read from the ``metrics.jsonl`` it wrote: a run
+    stopped before R* counts as a miss, a seed whose sync run was stopped has no R* and no
+    figures."""
     jobs = asyncio.Semaphore(args.jobs)
-    done: dict[int, list[Run]] = {}
+    syncs = asyncio.Semaphore(args.seeds) if args.overlap else jobs
+    targets: dict[int, tuple[float, int]] = {}  # a seed's R* and window, once its sync is done
+    synced = {seed: asyncio.Event() for seed in range(args.seeds)}
 
-    async def one(label: str, mode: str, n: int, extra: tuple[str, ...]) -> int:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(
-            {"label": label, "mode": mode, "steps": n, "runs": str(tmp), "extra": extra})]
-        async with jobs:
+    def seeded(seed: int) -> tuple[str, ...]:
+        return (f"seed={seed}", f"model.tiny.seed={seed}", *args.set)
+
+    async def one(label: str, mode: str, n: int, slots: asyncio.Semaphore,
+                  extra: Callable[[], tuple[str, ...]]) -> int:
+        async with slots:  # the command line is made when the run starts: R* may be set by then
+            argv = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(
+                {"label": label, "mode": mode, "steps": n, "runs": str(tmp), "extra": extra()})]
             proc = await asyncio.create_subprocess_exec(*argv)
             try:
                 code = await proc.wait()
@@ -219,39 +251,65 @@ async def in_processes(args: argparse.Namespace, steps: int, tmp: Path) -> list[
                           "above; its figures are what it wrote")
         return code
 
-    async def seed_run(seed: int) -> None:
-        seeded = (f"seed={seed}", f"model.tiny.seed={seed}", *args.set)
-        code = await one(f"sync-{seed}", "sync", steps, seeded)
-        sync = metrics_of(tmp / f"sync-{seed}" / "sync")
-        if code != 0 or not sync:
-            console.print(f"  [red]seed {seed}: sync did not finish (at step {len(sync)}): "
-                          "no R* for this seed[/]")
-            return
-        target, fifth = r_star(sync)
-        done[seed] = [figures_of(seed, "sync", sync, target, fifth, 0)]
-        labels = [f"async{bound}-{seed}" for bound in args.staleness]
+    async def sync_run(seed: int) -> None:
         try:
-            await asyncio.gather(*(
-                one(label, "async", 2 * steps, (*seeded, f"rollout.max_staleness={bound}",
-                                               f"target_reward={target}",
-                                               f"target_window={fifth}"))
-                for label, bound in zip(labels, args.staleness, strict=True)))
-        finally:  # also at the deadline: an async run cut short is a miss, with its figures
-            done[seed] += [figures_of(seed, f"async{bound}", metrics_of(tmp / label / "async"),
-                                      target, fifth, bound)
-                           for label, bound in zip(labels, args.staleness, strict=True)]
-            say_seed(seed, sync, done[seed])
+            code = await one(f"sync-{seed}", "sync", steps, syncs, lambda: seeded(seed))
+            sync = metrics_of(tmp / f"sync-{seed}" / "sync")
+            if code == 0 and sync:
+                targets[seed] = r_star(sync)
+            else:
+                console.print(f"  [red]seed {seed}: sync did not finish (at step {len(sync)}): "
+                              "no R* for this seed[/]")
+        finally:
+            synced[seed].set()
 
-    tasks = [asyncio.ensure_future(seed_run(s)) for s in range(args.seeds)]
-    finished, late = await asyncio.wait(tasks, timeout=args.deadline)
+    async def async_run(seed: int, bound: int) -> None:
+        if not args.overlap:
+            await synced[seed].wait()
+            if seed not in targets:
+                return
+
+        def extra() -> tuple[str, ...]:
+            # async trains to R* (the run ends once the mean of its last `fifth` steps reaches
+            # it), for up to twice sync's steps: staler steps may need more of them, and time
+            # to R* is what is compared, not reward at a step count
+            target = ((f"target_reward={targets[seed][0]}", f"target_window={targets[seed][1]}")
+                      if seed in targets else ())
+            return (*seeded(seed), f"rollout.max_staleness={bound}", *target)
+
+        await one(f"async{bound}-{seed}", "async", 2 * steps, jobs, extra)
+
+    seeds = range(args.seeds)
+    tasks = ([asyncio.ensure_future(sync_run(s)) for s in seeds]
+             + [asyncio.ensure_future(async_run(s, b)) for b in args.staleness for s in seeds])
+    _, late = await asyncio.wait(tasks, timeout=args.deadline)
     for task in late:
         task.cancel()
     if late:
-        console.print(f"  [red]deadline of {args.deadline:.0f} s: {len(late)} seed(s) stopped[/]")
-        await asyncio.gather(*late, return_exceptions=True)
-    for task in finished:
-        task.result()  # a crash of the parent's own code is the section's crash
-    return [r for seed in sorted(done) for r in done[seed]]
+        console.print(f"  [red]deadline of {args.deadline:.0f} s: {len(late)} run(s) stopped[/]")
+    for result in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(result, Exception):
+            raise result  # a crash of the parent's own code is the section's crash
+    runs: list[Run] = []
+    for seed in sorted(targets):
+        target, fifth = targets[seed]
+        sync = metrics_of(tmp / f"sync-{seed}" / "sync")
+        mine = [figures_of(seed, "sync", sync, target, fifth, 0)] + [
+            figures_of(seed, f"async{bound}", metrics_of(tmp / f"async{bound}-{seed}" / "async"),
+                       target, fifth, bound) for bound in args.staleness]
+        say_seed(seed, sync, mine)
+        runs += mine
+    if args.keep:
+        keep_metrics(tmp, args.keep)
+    return runs
+
+
+def keep_metrics(runs: Path, into: Path) -> None:
+    """Each run's ``metrics.jsonl`` (every step's figures) copied to ``into/<run>.jsonl``."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in sorted(runs.glob("*/*/metrics.jsonl")):
+        shutil.copyfile(path, into / f"{path.parent.parent.name}.jsonl")
+    console.print(f"  every run's metrics.jsonl: {into}")
 
 
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
@@ -348,6 +406,13 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline", type=_seconds, default=None, metavar="SECONDS",
                         help="stop the runs still going this long after the start and report "
                              "what was done (a run stopped before R* is a miss)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="with runs in processes: start every sync run at once and the "
+                             "async runs --jobs at a time beside them, not after their sync "
+                             "(each async run's time to R* is read from its metrics after)")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="with runs in processes: copy each run's metrics.jsonl (every "
+                             "step's figures) into DIR")
 
 
 def _positive(text: str) -> int:

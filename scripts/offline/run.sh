@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # On a machine with no network, from a checkout with .offline/ (scripts/offline/bundle.sh), as
 # root: install the bundle, check the sandbox (`tempering doctor`, then HumanEval's first 8
-# reference solutions graded), then run the async-vs-sync benchmark on 3 seeds, every run side
-# by side, with the learner and, if it works there, the engine on the GPU. Output and JSON go
-# to $OUT (default ./offline-out). The benchmark gets BUDGET seconds from the start (default
-# 585); what is not done 25 s before that is stopped and reported as cut.
+# reference solutions graded), then run the async-vs-sync benchmark on 3 seeds with the learner
+# and, if it works there, the engine on the GPU: the three sync runs at once, and beside them
+# the async runs two at a time from the start (`--overlap --jobs 2`). Output, JSON and every
+# run's per-step metrics go to $OUT (default ./offline-out). The benchmark gets BUDGET seconds
+# from the start (default 585); what is not done 25 s before that is stopped and reported.
 #
 #   bash scripts/offline/run.sh [check]      # check: install and check only
+#   bash scripts/offline/run.sh alone [SECONDS]
+#       one async run (seed 1, bound 3) alone on the machine for SECONDS (default 180), its
+#       per-step metrics kept and the CPU use of its processes and threads and the GPU's
+#       sampled every 10 s: where an async step's time goes when nothing else runs
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -36,13 +41,42 @@ tail -3 "$OUT/validate.log"
 [ $rc = 0 ] || { echo "offline: grading the reference solutions failed (rc $rc)"; exit 7; }
 echo "offline: checked in $(( $(date +%s) - T0 )) s"
 [ "${1:-}" = check ] && exit 0
+if [ "${1:-}" = alone ]; then
+    runs=$(mktemp -d)
+    spec='{"label": "alone", "mode": "async", "steps": 40, "runs": "'$runs'", "extra": ["seed=1",
+        "model.tiny.seed=1", "learner.device=cuda", "rollout.device=cuda",
+        "rollout.max_staleness=3"]}'
+    timeout "${2:-180}" python3 benchmarks/async_vs_sync.py --child "$spec" \
+        > "$OUT/alone.log" 2>&1 &
+    bench=$!
+    while kill -0 $bench 2>/dev/null; do
+        sleep 10
+        { echo "--- $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+          nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+          ps -eo pcpu,rss,comm --sort=-pcpu | head -8
+          main=$(pgrep -P $bench | head -1)
+          # its threads' CPU over 3 s (the learner's against the event loop's), then every
+          # process's since it started
+          [ -n "$main" ] && top -b -H -d 3 -n 2 -p "$main" 2>/dev/null \
+              | awk '/^top -/ {n++} n == 2 && /^ *[0-9]/ {print $1, $9, $12}' | head -8
+        } >> "$OUT/alone-cpu.log" 2>&1
+    done
+    wait $bench
+    echo "offline: alone: rc $? at $(( $(date +%s) - T0 )) s"
+    cp "$runs"/alone/async/metrics.jsonl "$OUT/alone-metrics.jsonl" 2>/dev/null
+    grep -E " step +[0-9]+/" "$OUT/alone.log" | tail -40
+    tail -40 "$OUT/alone-cpu.log"
+    exit 0
+fi
 for engine in cuda cpu; do
     T1=$(date +%s)
-    # every run at once (3 syncs, then each seed's 2 async runs as soon as its R* is set);
-    # at the deadline the runs still going stop and the table says what was done
+    # the 3 syncs at once (mostly waiting on their slowest episode), the 6 async runs 2 at a
+    # time beside them; at the deadline the runs still going stop and the table says what was
+    # done
     left=$(( ${BUDGET:-585} - (T1 - T0) ))
-    timeout $left python3 benchmarks/async_vs_sync.py --seeds 3 --jobs 9 --staleness 3,4 \
-        --deadline $(( left - 25 )) --set learner.device=cuda --set rollout.device=$engine \
+    timeout $left python3 benchmarks/async_vs_sync.py --seeds 3 --staleness 3,4 --overlap \
+        --jobs 2 --deadline $(( left - 25 )) --set learner.device=cuda \
+        --set rollout.device=$engine --keep "$OUT/metrics" \
         --json "$OUT/async_vs_sync.json" > "$OUT/async_vs_sync-$engine.log" 2>&1
     rc=$?
     echo "offline: benchmark, engine on $engine: rc $rc at $(( $(date +%s) - T0 )) s"
