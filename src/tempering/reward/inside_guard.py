@@ -31,6 +31,7 @@ import os
 import sys
 from _bisect import bisect_right
 from _blake2 import blake2b
+from inspect import _has_code_flag
 from opcode import opmap as _opmap
 from operator import getitem, is_not, ne
 
@@ -82,6 +83,10 @@ REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
                      "sys.addaudithook", "sys._current_exceptions",
                      "sys.monitoring.register_callback"})
 CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+# What reads a function's ``__code__`` for its flags alone, and hands back a bool
+# (``inspect.iscoroutinefunction``, ``isgeneratorfunction``, asyncio's): the tested code asking
+# whether a test's callback is a coroutine function reads nothing of what it tests.
+FLAG_READERS = frozenset({object.__hash__(_has_code_flag.__code__)})  # by identity (_addr)
 RESUMABLE = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
 # Standard-library modules that read frames for honest reasons of their own (a logger's caller,
@@ -126,6 +131,27 @@ _NULL_AFTER = sys.version_info >= (3, 13)  # 3.13 calls [callable, self or NULL,
 _ARGUMENTS = frozenset(_opmap[n] for n in (
     "LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD",
     "LOAD_NAME", "BINARY_OP", "PUSH_NULL", "KW_NAMES", "PRECALL", "NOP") if n in _opmap)
+# For a library frame's call (``_callable``): the loads that begin a chain, the instructions a
+# call's span may hold for its callable to be known, and the builtins that run nothing of
+# Python's but special methods (and a property named by a string they are given).
+_BASE_LOADS = _LOAD_FASTS | frozenset({_LOAD_GLOBAL, _LOAD_NAME, _LOAD_CONST})
+_PLAIN_SPAN = _BASE_LOADS | frozenset({_LOAD_ATTR, _LOAD_METHOD}) | frozenset(
+    _opmap[n] for n in ("PUSH_NULL", "NOP", "KW_NAMES", "PRECALL", "CACHE", "BUILD_TUPLE",
+                        "BUILD_LIST", "BUILD_MAP", "BUILD_CONST_KEY_MAP", "LIST_EXTEND",
+                        "LIST_TO_TUPLE", "DICT_MERGE", "DICT_UPDATE", "EXTENDED_ARG")
+    if n in _opmap)
+_SPECIAL_ONLY = frozenset({getattr, hasattr, setattr, delattr, isinstance, issubclass, len,
+                           id, hash, repr, ascii, format, callable, abs, divmod, round, next})
+_PLAIN_CONTAINERS = frozenset({dict, list, tuple, set, frozenset, str, bytes, bytearray,
+                               int, float, object, type})
+_BUILTIN = type(len)
+_METHOD_DESCRIPTOR = type(dict.get)
+_WRAPPER_DESCRIPTOR = type(dict.__init__)
+_GETSET_DESCRIPTOR = type(type.__dict__["__dict__"])
+# Class attributes whose value through an instance ``_runs`` still recognises: a function (a
+# bound method of it), a static or class method, a builtin's method.
+_PLAIN_DESCRIPTORS = frozenset({type(lambda: None), staticmethod, classmethod,
+                                type(dict.get), type(dict.__init__)})
 # What a frozen site loads in place of a name (``freeze_frame_handlers``).
 _GETFRAME, _HASATTR, _GETATTR = sys._getframe, hasattr, getattr
 # Where an event is attributed when C code did it with no frame of the tested code's below: a
@@ -1072,23 +1098,59 @@ class Guard:
 
     def implicitly_ran(self, frame, callee):
         """Whether the library frame ``frame`` could have run ``callee`` (the frame above it)
-        itself: by a call (not judged here), an import, by resuming a generator or coroutine,
+        itself: by a call (``call_ran``), an import, by resuming a generator or coroutine,
         or by an implicit special method (``for``, ``==``, ``-``: a dunder; an attribute: a
         property of that name). A function that is neither, above an instruction that calls
         nothing, was called by C code an object's operation ran: a special method of the
         tested code's that is no function (``__rsub__`` a chain of C callables), run by
         ``statistics`` or ``pytest.approx`` code on the tested value, calling
         ``inspect.currentframe`` (round forty-three)."""
-        op, arg, _ = _site(frame)
-        if op in _ANY_CALL or op in _IMPORTS:
+        op, arg, run = _site(frame)
+        if op in _IMPORTS:
             return True
         its = callee.f_code
         if its.co_flags & RESUMABLE:
             return True
         function = _text(its.co_name) or ""
+        if op in _ANY_CALL:
+            return self.call_ran(frame, run, its, function)
         if op in _ATTRIBUTE_OPS and _named(frame.f_code, op, arg) == function:
             return True  # a property's getter, setter or deleter
         return _startswith(function, "__") and str.endswith(function, "__")
+
+    def call_ran(self, frame, run, its, function):
+        """Whether the call the library frame ``frame`` is at could have run the function
+        whose code is ``its`` (named ``function``, neither a generator nor a special method)
+        directly above it. Where the call's callable can be worked out without running
+        anything (``_callable``): a Python function or a class must be that function (or
+        make it: ``__init__``, ``__new__``); a builtin that runs nothing but special methods
+        (``getattr``, ``isinstance``, ``len``, a ``dict``'s ``get``: ``_SPECIAL_ONLY``) runs
+        no such function, but a property named by a string it is given. Anything else (a
+        builtin that calls what it is handed, an object with a ``__call__``, a callable that
+        cannot be worked out) may have run it. A finaliser of the tested code's that the
+        garbage collector runs inside such a call (``getattr(self, asserter)`` in
+        ``unittest``) runs C code no frame of the library's called: a chain of C callables
+        there that asks ``inspect.currentframe`` is the tested code's (red team, round
+        forty-three: it rewrote the launcher's committed list inside ``assertEqual``)."""
+        if _startswith(function, "__") and str.endswith(function, "__"):
+            return True
+        loads = _call_loads(frame, run)
+        called, values = _callable(frame, loads)
+        if called is _MISSING:
+            return True
+        if _runs(called, its):
+            return True
+        kind = type(called)
+        if kind is _function or (kind is _method and type(called.__func__) is _function) \
+                or issubclass(kind, type):
+            return False
+        if any(_runs(value, its) for value in values):
+            return True  # handed to it (``sorted(key=...)``, ``list.sort(key=...)``)
+        if not _special_only(called):
+            return True  # a builtin handed callables (``map``, ``sorted``): may run them
+        # a property of the name it is given; a mapping's ``keys`` (``dict.update``)
+        return function == "keys" or any(type(value) is str and value == function
+                                         for value in values)
 
     def callables(self, frame, run):
         """(what the call ``frame`` is at may call, the names of the chains that could not be
@@ -1408,7 +1470,8 @@ class Guard:
                     self.local.deny = f"frame attribute {args[1]} read by {BY_C}"
             elif (name in CODE_ATTRS and type(args[0]) is _function
                   and (_addr(args[0].__globals__) in self.test_globals
-                       or _addr(args[0].__globals__) in self.launcher_globals)):
+                       or _addr(args[0].__globals__) in self.launcher_globals)
+                  and not (name == "__code__" and _reads_flags(sys._getframe(2)))):
                 where = self.in_stack() or (
                     BY_C if self.frame_caller(event, name) is BY_C else None)
                 if where is not None:
@@ -1570,6 +1633,100 @@ def _call_loads(frame, run):
         if (last, end) <= (end_line, end_column):
             loads.append((ops[i], args[i]))
     return loads
+
+
+def _reads_flags(frame):
+    """Whether ``frame`` is ``inspect._has_code_flag`` at its own read of ``f.__code__`` (to
+    take ``co_flags`` from it and hand back a bool), not at a call: C code it was made to call
+    (its ``isfunction`` rebound to a chain of C callables that reads the code) is the tested
+    code's (red team, round forty-four)."""
+    if _addr(frame.f_code) not in FLAG_READERS:
+        return False
+    op, arg, _ = _site(frame)
+    return (op == _LOAD_ATTR or op == _LOAD_METHOD) and \
+        _named(frame.f_code, op, arg) == "__code__"
+
+
+def _callable(frame, loads):
+    """(the callable of the call ``frame`` is at, the values its arguments load), worked out
+    from ``loads`` (``_call_loads``) without running anything, or (``_MISSING``, ()) where it
+    cannot be: a span with anything but loads and the building of argument tuples, lists and
+    dicts in it (a nested call, a subscript, an operator: what the call calls may be their
+    result), a name that is not bound, or an attribute a class's own ``__getattribute__`` or
+    ``__getattr__`` could answer. The callable is then the span's first chain of loads (a
+    name, then attributes); through an instance's own dict where no class attribute of that
+    name is a data descriptor."""
+    code = frame.f_code
+    ops = list(reversed(loads))  # in the code's order
+    if any(op not in _PLAIN_SPAN for op, _ in ops):
+        return _MISSING, ()
+    chains = []
+    for op, arg in ops:
+        if op in _BASE_LOADS:
+            chains.append(list(_load(frame, code, op, arg)))
+        elif (op == _LOAD_ATTR or op == _LOAD_METHOD) and chains:
+            value, resolved = chains[-1]
+            chains[-1] = list(_attribute_of(value, _named(code, op, arg)) if resolved
+                              else (None, False))
+    if not chains or not chains[0][1]:
+        return _MISSING, ()
+    return chains[0][0], [value for value, resolved in chains[1:] if resolved]
+
+
+def _load(frame, code, op, arg):
+    """(what a name, local or constant load gives in ``frame``, True), or (None, False)."""
+    if op == _LOAD_CONST:
+        return code.co_consts[arg], True
+    if op == _LOAD_GLOBAL or op == _LOAD_NAME:
+        name = _named(code, op, arg)
+        found = _lookup(frame.f_globals, name)
+        if not found[1] and op == _LOAD_NAME:
+            found = _lookup(_frame_locals(frame), name)
+        return found
+    if op in _LOAD_FASTS and op != _LOAD_FAST_PAIR:
+        return _lookup(_frame_locals(frame), code._varname_from_oparg(arg))
+    return None, False
+
+
+def _attribute_of(base, name):
+    """(``base.name``, True) as ``_namespace_attribute`` finds it, or from an instance's own
+    dict where the class holds no data descriptor of that name, never where a class of the
+    instance's has a ``__getattribute__`` or ``__getattr__`` of its own; else (None, False)."""
+    if name is None:
+        return None, False
+    if type(base) is _module or issubclass(type(base), type):
+        return _namespace_attribute(base, name)
+    kind = type(base)
+    for klass in _MRO(kind)[:-1]:
+        space = _type_dict(klass)
+        if "__getattribute__" in space or "__getattr__" in space:
+            return None, False
+    found, resolved = _namespace_attribute(base, name)
+    descriptor = resolved and _namespace_attribute(type(found), "__get__")[1] and \
+        type(found) not in _PLAIN_DESCRIPTORS
+    if descriptor and _namespace_attribute(type(found), "__set__")[1]:
+        return None, False  # a property's getter would answer: not worked out here
+    slot = _namespace_attribute(kind, "__dict__")[0]
+    if type(slot) is _GETSET_DESCRIPTOR:
+        own = slot.__get__(base)
+        if type(own) is dict and name in own:
+            return own[name], True
+    return (None, False) if descriptor else (found, resolved)
+
+
+def _special_only(called):
+    """Whether calling ``called`` (a builtin) runs nothing of Python's but special methods
+    and a property: ``getattr``, ``isinstance``, ``len``..., and the methods of the builtin
+    containers and strings (a ``dict``'s ``get`` hashes and compares its key)."""
+    kind = type(called)
+    if kind is _BUILTIN:
+        owner = called.__self__
+        if type(owner) is _module:
+            return called in _SPECIAL_ONLY
+        return type(owner) in _PLAIN_CONTAINERS
+    if kind is _METHOD_DESCRIPTOR or kind is _WRAPPER_DESCRIPTOR:
+        return called.__objclass__ in _PLAIN_CONTAINERS
+    return False
 
 
 def _lookup(space, name):
