@@ -26,6 +26,7 @@ import builtins
 import contextlib
 import linecache
 import marshal
+import operator as _operator
 import os
 import sys
 from dataclasses import astuple as _astuple
@@ -45,6 +46,9 @@ PROBE, DONE, ENTER = compiling.PROBE, compiling.DONE, compiling.ENTER
 PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HELD
 COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
 WITHIN, BOUND = compiling.WITHIN, compiling.BOUND
+PAIR, EQUAL, MEMBER = compiling.PAIR, compiling.EQUAL, compiling.MEMBER
+OPERATOR_EQUAL, EQUAL_CHAIN = compiling.OPERATOR_EQUAL, compiling.EQUAL_CHAIN
+STARRED_PAIR, KEYWORD_PAIR = compiling.STARRED_PAIR, compiling.KEYWORD_PAIR
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
 SEPARATE = ("process", "data")  # the isolations with the tested code in a process of its own
@@ -525,7 +529,10 @@ def _commit(value, like, depth=0):
         if kind is bool or kind is int:
             if _is(value, int):
                 return kind(int.__int__(value))
-            return _as(kind, value)  # int(): exact, a Fraction past 2**53 too
+            whole = _as(kind, value)  # int(): exact, a Fraction past 2**53 too
+            if kind is int and type(whole) is int:
+                return _whole_number(value, whole)
+            return whole
         if kind is float:
             return float.__float__(value) if _is(value, float) else _as(float, value)
         if kind is complex:
@@ -564,6 +571,20 @@ def _commit(value, like, depth=0):
     except Exception:
         return _NO
     return _NO
+
+
+def _whole_number(value, whole):
+    """``whole``, the int that ``int(value)`` gave, unless ``value``'s float says it is no
+    whole number (``Fraction(3, 2)``, ``Decimal("2.5")``): then that float, which no int
+    equals. ``int()`` cuts, so a wrong answer of 1.5 would pass for 1 (a value too big for
+    a float keeps its exact int: both sides round alike)."""
+    try:
+        near = _as(float, value)
+    except Exception:
+        return whole
+    if type(near) is float and near == near and near != float(whole):
+        return near
+    return whole
 
 
 def _is(value, kinds):
@@ -659,6 +680,155 @@ def probe(value, kind, expected=_NO):
         if given is _NO or not _honest(given):
             raise AssertionError(f"a {type(value).__qualname__} is no "
                                  f"{type(expected).__name__}: it cannot be had as one")
+    _ask(value, kind, expected)
+    return given
+
+
+def pair(first, second, near=False):
+    """The first two arguments of an equality assertion (``assertEqual(f(x), expected)``,
+    ``assert_allclose``...) neither of which is a literal: each probed against the other's
+    value as it is at run time, so a value of the tested code's is had as one of the
+    expected value's builtin kind before it hears anything (``probe``), whether the test
+    wrote the expected value as a literal or holds it in a variable (red team, round
+    forty-three: an ``__eq__`` that said True to numbers until ``__int__`` had run passed
+    ``assertEqual(f(x), expected)`` in a loop). ``near``: an assertion within a tolerance,
+    for which an expected int is a float (no value is cut to a whole number)."""
+    return (probe(first, "eq", _floated(second) if near else second),
+            probe(second, "eq", _floated(first) if near else first))
+
+
+def _floated(value, depth=0):
+    """``value`` with its ints (not bools) as floats, in lists, tuples and dict values."""
+    kind = type(value)
+    if kind is int:
+        return float(value)
+    if depth > 3 or not _honest(value):
+        return value
+    if kind is list or kind is tuple:
+        return kind(_floated(item, depth + 1) for item in value)
+    if kind is dict:
+        return {key: _floated(item, depth + 1) for key, item in value.items()}
+    return value
+
+
+def equal(left, right, negate=False):
+    """``left == right`` (``left != right`` if ``negate``) anywhere in the hidden code but an
+    assertion's top level, where neither is a literal (``all(f(v) == e for v, e in CASES)``,
+    ``ok = f(x) == expected``): each side probed, and a value that is not of the builtin kinds
+    had as one of the other's kind first (``_commit``), before it hears anything, as ``pair``
+    does. The operands' own answer then stands only where what they handed over backs it: a
+    side that says equal but handed over something else, or nothing of the other's kind, is
+    not equal. An honest inequality stays one (a ``Path`` is no ``str``, a ``Fraction`` no
+    float), and where the operands' own ``==`` gives no bool (numpy's elementwise arrays) it
+    is the answer when the values handed over are equal, so ``(f(x) == expected).all()``
+    reads as written."""
+    sides, backed = [], True
+    for value, other in ((left, right), (right, left)):
+        if _among(type(value), _PLAIN):
+            sides.append(value)
+            continue
+        given = value
+        if _honest(other) and not _honest(value):
+            given = _commit(value, other)
+            if given is _NO or not _honest(given):
+                backed = False  # nothing of the other's kind to hand over
+        _ask(value, "eq", other)
+        sides.append(given)
+    mine = left != right if negate else left == right
+    if sides[0] is left and sides[1] is right:
+        return mine  # nothing handed over: both of the builtin kinds, or neither
+    same = backed and sides[0] == sides[1]
+    if type(mine) is not bool:
+        return mine if same else negate
+    return (mine or not same) if negate else (mine and same)
+
+
+def member(item, container):
+    """The first two arguments of ``assertIn(item, container)`` (and ``assertNotIn``): an
+    ``item`` of no builtin kind, with a builtin container of data, had as a value of its
+    items' kinds (``_members``; one that is in it if any is, else any, else an object equal
+    to nothing), so that the builtin ``in`` decides, never the item's own ``__eq__``; else
+    ``item``, probed. A container's own kind is not the item's: ``Fraction(5, 2)`` is in
+    ``[2.5]`` (round forty-four: it was had as a list, and an honest answer failed)."""
+    if _honest(item) or not _data_container(container):
+        return probe(item, "eq"), container
+    givens = _members(item, container)
+    _ask(item, "eq", _NO)
+    for given in givens:
+        if given in container:
+            return given, container
+    return (givens[0] if givens else _Fresh()), container
+
+
+def _data_container(container):
+    return _among(type(container), (list, tuple, set, frozenset, dict)) and _honest(container)
+
+
+def _members(item, container, most=8):
+    """``item`` had as a value of the kind (and shape) of each of ``container``'s items (a
+    dict's keys), once a kind, at most ``most`` of them: the values of the builtin kinds it
+    hands over (``_commit``), in the order of the items."""
+    givens, seen = [], set()
+    for like in list(container)[:1000]:
+        shape = (type(like), len(like) if _among(type(like), _CONTAINERS) else None)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        given = _commit(item, like)
+        if given is not _NO and _honest(given):
+            givens.append(given)
+        if len(seen) >= most:
+            break
+    return givens
+
+
+def operator_equal(func, left, right):
+    """``func(left, right)`` where the hidden code calls a function named ``eq`` or ``ne``
+    (``operator.eq(f(x), expected)``): ``equal`` when it is the operator module's."""
+    if func is _operator.eq or func is _operator.__eq__:
+        return equal(left, right)
+    if func is _operator.ne or func is _operator.__ne__:
+        return equal(left, right, True)
+    return func(left, right)
+
+
+def starred_pair(args, near=False):
+    """The arguments of an equality assertion given as ``*args``: the first two probed
+    against each other (``pair``)."""
+    args = list(args)
+    if len(args) >= 2:
+        args[:2] = pair(args[0], args[1], near)
+    return args
+
+
+_PAIRED_KEYWORDS = (("first", "second"), ("actual", "desired"), ("a", "b"), ("x", "y"))
+
+
+def keyword_pair(kwargs, near=False):
+    """The keyword arguments of an equality assertion (``first=``, ``second=``; numpy's
+    ``actual=``, ``desired=``): the two compared ones probed against each other (``pair``)."""
+    kwargs = dict(kwargs)
+    for one, other in _PAIRED_KEYWORDS:
+        if one in kwargs and other in kwargs:
+            kwargs[one], kwargs[other] = pair(kwargs[one], kwargs[other], near)
+            break
+    return kwargs
+
+
+def equal_chain(operands, negated):
+    """A chain of ``==`` and ``!=`` (``f(x) == f(y) == expected``; ``negated``: which links
+    are ``!=``): each link ``equal``, in order, to the first that fails. Its operands were all
+    worked out first (a chain works out the next only while the links hold)."""
+    for at, negate in enumerate(negated):
+        if not equal(operands[at], operands[at + 1], negate):
+            return False
+    return True
+
+
+def _ask(value, kind, expected):
+    """Ask ``value`` (and what it holds) whether it equals (``eq``) or orders against
+    (``order``) fresh objects and neighbours of ``expected``, a number of times it cannot
+    predict; a true answer flags it and fails the assertion (``_lie``)."""
     suspects = [(value, expected)]
     for _ in range(1000):  # containers compare their items: look inside, bounded
         if not suspects:
@@ -692,7 +862,6 @@ def probe(value, kind, expected=_NO):
         if claims:
             _lie(item, f"claims to {'equal' if kind == 'eq' else 'order against'} what it "
                  "is not", "compares true with what it is not")
-    return given
 
 
 def _lie(value, detail, message):
@@ -730,9 +899,18 @@ def within(item, container):
     that is no builtin one (an object of the tested code's, whose ``__contains__`` could say
     yes to anything it is shown), the container is had as data first, a str for a str (its
     ``str()``), else a list of its items, each of which must be of the builtin kinds, and
-    ``in`` is the builtin's. Anything else is ``in`` as written."""
-    if _among(type(container), (str, bytes, list, tuple, set, frozenset, dict, range)) or \
-            not _honest(item):
+    ``in`` is the builtin's. An ``item`` of no builtin kind in a builtin container of data
+    (``f(x) in (expected, float(expected))``) is had as a value of its items' kinds first
+    (``_members``), and its own answer stands only where one of those values is in it (red
+    team, round forty-four: an ``__eq__`` that said True to numbers until ``__int__`` ran).
+    Anything else is ``in`` as written."""
+    if not _honest(item):
+        if not _data_container(container):
+            return item in container
+        givens = _members(item, container)
+        mine = item in container
+        return bool(mine) and any(given in container for given in givens)
+    if _among(type(container), (str, bytes, list, tuple, set, frozenset, dict, range)):
         return item in container
     try:
         if type(item) is str:
@@ -816,7 +994,9 @@ def _run_hidden(module, path, code):
         raise code
     hooks = {PROBE: probe, DONE: done, ENTER: enter, PROBE_EQUAL: probe_equal, CLAIM: claim,
              HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within,
-             BOUND: bound}
+             BOUND: bound, PAIR: pair, EQUAL: equal, MEMBER: member,
+             OPERATOR_EQUAL: operator_equal, STARRED_PAIR: starred_pair,
+             KEYWORD_PAIR: keyword_pair, EQUAL_CHAIN: equal_chain}
     module.__file__ = path
     module.__dict__.update(hooks)
     HIDDEN[id(module)] = path

@@ -22,6 +22,15 @@ ENTER = "__tempering_enter__"
 PROBE_EQUAL, CLAIM, HELD = "__tempering_probe_equal__", "__tempering_claim__", "__tempering_held__"
 COMMIT, NUMBER = "__tempering_commit__", "__tempering_number__"
 STAR, WITHIN, BOUND = "__tempering_star__", "__tempering_within__", "__tempering_bound__"
+PAIR, EQUAL, MEMBER = "__tempering_pair__", "__tempering_equal__", "__tempering_member__"
+OPERATOR_EQUAL, EQUAL_CHAIN = "__tempering_operator_equal__", "__tempering_equal_chain__"
+STARRED_PAIR, KEYWORD_PAIR = "__tempering_starred_pair__", "__tempering_keyword_pair__"
+MEMBER_CALLS = frozenset({"assertIn", "assertNotIn"})
+OPERATOR_CALLS = frozenset({"eq", "ne", "__eq__", "__ne__"})
+PAIRED_KEYWORDS = (("first", "second"), ("actual", "desired"), ("a", "b"), ("x", "y"))
+CALLED = EQUALITY_CALLS | OPERATOR_CALLS  # a file naming none of them has no call to rewrite
+NEAR_CALLS = frozenset({"assertAlmostEqual", "assertAlmostEquals", "assertNotAlmostEqual",
+                        "assertNotAlmostEquals", "assert_allclose", "assert_almost_equal"})
 MATCHERS = frozenset({"ANY", "approx"})
 
 
@@ -252,6 +261,11 @@ def instrument(tree, calls=True, text=None, probes=True):
                 return chained(node)
             op = type(node.ops[0]).__name__
             left, right = node.left, node.comparators[0]
+            if op in ("Eq", "NotEq") and not any(literal(n) or matcher(n)
+                                                  for n in (left, right)):
+                # both values known only at run time: compared by ``EQUAL``, which has the
+                # tested code's value as one of the other's kind first
+                return helper(EQUAL, node, left, right, at(ast.Constant(op == "NotEq"), node))
             if op in ("Eq", "NotEq"):
                 node.left, node.comparators = wrap(left, "eq", right), [wrap(right, "eq", left)]
             elif op in ("Lt", "LtE", "Gt", "GtE"):
@@ -264,6 +278,10 @@ def instrument(tree, calls=True, text=None, probes=True):
     def chained(node):
         ops = [type(op).__name__ for op in node.ops]
         operands = [node.left, *node.comparators]
+        if set(ops) <= {"Eq", "NotEq"} and not any(matcher(n) for n in operands):
+            # ``f(x) == f(y) == expected``: each link ``equal`` (``EQUAL_CHAIN``)
+            return helper(EQUAL_CHAIN, node, at(ast.Tuple(operands, ast.Load()), node),
+                          at(ast.Constant(tuple(op == "NotEq" for op in ops)), node))
         wrapped = []
         for i, operand in enumerate(operands):
             near = ops[max(i - 1, 0):i + 1]
@@ -276,9 +294,46 @@ def instrument(tree, calls=True, text=None, probes=True):
     class Calls(ast.NodeVisitor):
         def visit_Call(self, node):
             self.generic_visit(node)
-            name = getattr(node.func, "attr", getattr(node.func, "id", None))
-            if name in EQUALITY_CALLS and len(node.args) >= 2:
+            called = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if called in OPERATOR_CALLS and len(node.args) == 2 and not node.keywords and \
+                    not any(isinstance(n, ast.Starred) for n in node.args):
+                # ``operator.eq(f(x), expected)``: ``equal`` if it is the operator module's
+                node.args = [node.func, *node.args]
+                node.func = name(OPERATOR_EQUAL, node)
+                return
+            if called not in EQUALITY_CALLS:
+                return
+            near = at(ast.Constant(called in NEAR_CALLS), node)
+            if len(node.args) == 1 and isinstance(node.args[0], ast.Starred):
+                # ``assertEqual(*(f(x), expected))``: its first two, probed as ``PAIR`` does
+                node.args[0].value = helper(STARRED_PAIR, node, node.args[0].value, near)
+                return
+            if not node.args and node.keywords:
+                given = [k.arg for k in node.keywords]
+                if None in given or any({one, other} <= set(given)
+                                        for one, other in PAIRED_KEYWORDS):
+                    # ``assertEqual(first=..., second=...)``, ``**kwargs``: as a dict, in order
+                    table = at(ast.Dict(keys=[None if k.arg is None else at(ast.Constant(k.arg), k)
+                                              for k in node.keywords],
+                                        values=[k.value for k in node.keywords]), node)
+                    node.keywords = [at(ast.keyword(arg=None, value=helper(
+                        KEYWORD_PAIR, node, table, near)), node)]
+                return
+            if len(node.args) >= 2:
                 first, second = node.args[:2]
+                if any(isinstance(n, ast.Starred) for n in (first, second)):
+                    return
+                if called in MEMBER_CALLS:
+                    # ``assertIn(f(x), items)``: the member had as one of the items' kinds
+                    both = helper(MEMBER, node, first, second)
+                    node.args[:2] = [at(ast.Starred(both, ast.Load()), node)]
+                    return
+                if not any(literal(n) or matcher(n) for n in (first, second)):
+                    # both known only at run time: ``PAIR`` probes each against the other's
+                    # value, evaluated once, in order, and hands both on
+                    both = helper(PAIR, node, first, second, near)
+                    node.args[:2] = [at(ast.Starred(both, ast.Load()), node)]
+                    return
                 node.args[:2] = [wrap(first, "eq", second), wrap(second, "eq", first)]
 
     def mark(func, like):
@@ -451,7 +506,7 @@ def compile_hidden(sources: dict[str, bytes], rewrite: bool,
         try:
             text = decode_source(source)  # as the interpreter reads it, coding cookie and all
             tree = instrument(ast.parse(text, filename=path),
-                              calls=any(name in text for name in EQUALITY_CALLS), text=text,
+                              calls=any(name in text for name in CALLED), text=text,
                               probes=probes)
             if rewrite:
                 rewrite_asserts(tree, source, path, None)

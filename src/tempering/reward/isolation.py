@@ -71,8 +71,9 @@ def ran_here(run: TestRun) -> str:
 def exchanges_data(run: TestRun, expected: int) -> str:
     """Why the reference solution's run across the boundary (``run``) shows that the tests
     need more than data from the tested code ('' if it does not): every test must pass, and
-    nothing but data may have crossed (no instance held as a handle, no callable of the
-    test's called back, no value refused, none of a builtin kind's subclasses flattened)."""
+    nothing but data may have crossed (no instance held as a handle, no value refused, none of
+    a builtin kind's subclasses flattened; a callable of the test's called back with data is
+    data both ways)."""
     here = ran_here(run)
     if here:
         return here
@@ -83,7 +84,11 @@ def exchanges_data(run: TestRun, expected: int) -> str:
     crossed = run.crossed
     if crossed is None:
         return "it reported nothing of what crossed"
-    more = {name: count for name, count in crossed.items() if count}
+    # a callable of the test's called back takes and gives data here (the key function a test
+    # hands to the tested code): across the boundary the tested code holds a stand-in, not the
+    # function, whose ``__globals__`` (no audit event reads it) would be the hidden module's
+    # namespace and its tables of expected values in one process (round forty-four)
+    more = {name: count for name, count in crossed.items() if count and name != "callbacks"}
     if more:
         return "more than data crossed: " + ", ".join(f"{n} {k}" for k, n in sorted(more.items()))
     return ""
