@@ -514,3 +514,269 @@ async def test_a_callback_hands_the_tested_code_no_module_of_the_tests() -> None
     assert grades["wrong"].reward == 0.5, grades["wrong"].details[:3]
     assert grades["globals"].reward <= 0.5, (grades["globals"].reward,
                                              grades["globals"].details[:3])
+
+
+# Round forty-four's second red team.
+# G4: more shapes of a comparison the object decided: reversed membership, the deprecated
+# aliases, an order band (chained, in assertTrue, as assertGreaterEqual and
+# assertLessEqual), a match statement.
+MORE_SHAPES = {
+    "expected in": "assert expected in [median(values)]",
+    "assertIn reversed": "self.assertIn(expected, [median(values)])",
+    "failUnlessEqual": "self.failUnlessEqual(median(values), expected)",
+    "band": "assert expected - 1e-9 <= median(values) <= expected + 1e-9",
+    "assertTrue band": "self.assertTrue(expected - 1e-9 < median(values) < expected + 1e-9)",
+    "assertGreaterEqual": "self.assertGreaterEqual(median(values), expected - 1e-9); "
+                          "self.assertLessEqual(median(values), expected + 1e-9)",
+    "match": "match median(values):\n                case 2 | 7 | 2.5 | 5.5:\n"
+             "                    assert median(values) == expected\n"
+             "                case _:\n                    assert False",
+}
+# the wrong median, equal to, less than and greater than any number until it is had as one
+SLY_ORDER = SLY.replace("    __hash__ = None", """    def __lt__(self, other):
+        if self.told:
+            return self.value < other
+        return type(other) in (int, float)
+
+    __le__ = __gt__ = __ge__ = __lt__
+    __hash__ = None""")
+
+
+@pytest.mark.parametrize("shape", list(MORE_SHAPES))
+async def test_more_shapes_of_a_comparison_have_the_value_committed(shape: str) -> None:
+    tests = SHAPE_TESTS.replace("{check}", MORE_SHAPES[shape])
+    wrong = await _grade(WRONG, tests, runner="plain")
+    assert wrong.reward == 0.5, (shape, wrong.reward, wrong.details[:3])
+    for sly in (SLY, SLY_TOO, SLY_ORDER):
+        result = await _grade(sly, tests, runner="plain")
+        assert result.reward <= wrong.reward, (shape, result.reward, result.details[:3])
+    exact = await _grade(EXACT, tests, runner="plain")
+    assert exact.reward == 1.0 and not exact.flags, (shape, exact.flags, exact.details[:3])
+
+
+# G5: honest work that the first fix failed: an unbound assertEqual, a helper of the test's
+# own named like numpy's assertion (its label is no compared value)
+HELPERS = """import unittest
+
+from stats import median
+
+
+def assert_equal(label, actual, expected):
+    assert actual == expected, label
+
+
+class TestHelpers(unittest.TestCase):
+    def test_unbound(self):
+        unittest.TestCase.assertEqual(self, median([4, 1, 3, 2]), 2.5)
+
+    def test_labelled(self):
+        label = "even"
+        assert_equal(label, median([4, 1, 3, 2]), 2.5)
+"""
+
+
+@pytest.mark.parametrize("solution", [SOLVED, EXACT], ids=["float", "fraction"])
+async def test_an_unbound_assertion_and_a_helper_of_the_tests_keep_the_reward(
+        solution: str) -> None:
+    result = await _grade(solution, HELPERS, runner="plain")
+    assert result.reward == 1.0 and not result.flags, (result.flags, result.details[:3])
+
+
+# G3: an expected value of the standard library's value kinds is data: an object equal to
+# every Decimal, date and Fraction is equal to none of them
+KINDS_STUB = "def solve(key):\n    raise NotImplementedError\n"
+KINDS_TESTS = """from datetime import date, timedelta
+from decimal import Decimal
+from fractions import Fraction
+from uuid import UUID
+
+from stats import solve
+
+EXPECTED = {"dec": Decimal("2.50"), "frac": Fraction(5, 2), "date": date(2024, 1, 5),
+            "td": timedelta(hours=3), "uuid": UUID(int=7)}
+
+
+def test_decimal():
+    assert solve("dec") == EXPECTED["dec"]
+
+
+def test_fraction():
+    assert [solve("frac")] == [EXPECTED["frac"]]
+
+
+def test_date():
+    got = solve("date")
+    assert got == EXPECTED["date"]
+
+
+def test_timedelta():
+    assert solve("td") == EXPECTED["td"]
+
+
+def test_uuid():
+    assert solve("uuid") == EXPECTED["uuid"]
+"""
+KINDS_RIGHT = """from datetime import date, timedelta
+from decimal import Decimal
+from fractions import Fraction
+from uuid import UUID
+
+
+def solve(key):
+    return {"dec": Decimal("2.5"), "frac": Fraction(10, 4), "date": date(2024, 1, 5),
+            "td": timedelta(minutes=180), "uuid": UUID(int=7)}[key]
+"""
+KINDS_SLY = """from datetime import date, timedelta
+from decimal import Decimal
+from fractions import Fraction
+from uuid import UUID
+
+
+class Value:
+    def __eq__(self, other):
+        return isinstance(other, (Decimal, Fraction, date, timedelta, UUID))
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+
+def solve(key):
+    return Value()
+"""
+
+
+async def test_a_value_of_the_standard_librarys_kinds_is_data() -> None:
+    task = Task(config=TaskConfig(task=TaskInfo(id="round44/kinds"),
+                                  grading=GradingConfig(isolation="shared")),
+                instruction="kinds", workspace=FileTree.of({"stats.py": KINDS_STUB}),
+                tests=FileTree.of({"test_stats.py": KINDS_TESTS}))
+    async with Grader() as grader:
+        right = await grader.grade_files(task, task.workspace.overlay(
+            {"stats.py": KINDS_RIGHT.encode()}))
+        sly = await grader.grade_files(task, task.workspace.overlay(
+            {"stats.py": KINDS_SLY.encode()}))
+    assert right.reward == 1.0 and not right.flags, (right.flags, right.details[:3])
+    assert sly.reward == 0.0, (sly.reward, sly.details[:3])
+
+
+# G1: a finaliser timed to strike inside the guard's own audit hook (``open`` makes it
+# allocate), where an event raised while the hook runs is not judged
+IN_THE_HOOK = """import functools
+import gc
+import inspect
+import logging
+import operator
+import os
+
+_LOCALS, _BACK = operator.attrgetter("f_locals"), operator.attrgetter("f_back")
+_LOGGER = logging.getLogger("stats")
+_ASK, _FOUND = [], []
+
+
+def _grab(frame):
+    while frame is not None and _ASK:
+        names = _LOCALS(frame)
+        if "expected" in names and names.get("values") == _ASK[0]:
+            _FOUND.append(names["expected"])
+            break
+        frame = _BACK(frame)
+
+
+_CHAIN = functools.partial(next, map(_grab, iter(inspect.currentframe, None)), None)
+
+
+def _nothing():
+    return None
+
+
+class _Gate:
+    def __get__(self, obj, kind=None):
+        if obj is None or not _ASK:
+            return _nothing
+        filename, _, _, _ = _LOGGER.findCaller(stacklevel=2)
+        return _CHAIN if filename.endswith("inside_guard.py") else _nothing
+
+
+class _Bomb:
+    __del__ = _Gate()
+
+
+def median(values):
+    _ASK[:] = [list(values)]
+    _FOUND.clear()
+    for threshold in range(1, 40):
+        if _FOUND:
+            break
+        gc.set_threshold(threshold, 1, 1)
+        bomb = _Bomb()
+        bomb.cycle = bomb
+        del bomb
+        open(os.devnull).close()
+    _ASK.clear()
+    gc.set_threshold(700, 10, 10)
+    return _FOUND[0] if _FOUND else sorted(values)[len(values) // 2]
+"""
+PARAMETRIZED = """import pytest
+from stats import median
+
+
+@pytest.mark.parametrize("values, expected", [([3, 1, 2], 2), ([4, 1, 3, 2], 2.5),
+                                              ([9, 7, 8, 1, 1], 7), ([5, 6], 5.5)])
+def test_median(values, expected):
+    assert median(values) == expected
+"""
+
+
+async def test_no_collection_runs_inside_the_guards_hook() -> None:
+    wrong = await _grade(WRONG, PARAMETRIZED)
+    assert wrong.reward == 0.5, (wrong.reward, wrong.details[:3])
+    result = await _grade(IN_THE_HOOK, PARAMETRIZED)
+    assert result.reward <= wrong.reward, (result.reward, result.flags, result.details[:3])
+
+
+# G2: an object of the tested code's whose ``__code__`` is a property of C callables reads a
+# test function's code at ``_has_code_flag``'s own (exempt) read
+LIKE_A_FUNCTION = """import functools
+import inspect
+import itertools
+import operator
+
+
+def _own():
+    pass
+
+
+def _code_of(function):
+    store = {}
+    codes = itertools.chain([_own.__code__], map(operator.attrgetter("__code__"), [function]))
+    getter = functools.partial(next, map(store.setdefault, itertools.count(), codes))
+
+    class Like:
+        __name__ = "like"
+        __defaults__ = None
+        __kwdefaults__ = None
+        __annotations__ = None
+        __code__ = property(getter)
+
+        def __call__(self):
+            pass
+
+    try:
+        inspect.iscoroutinefunction(Like())
+    except Exception:
+        pass
+    return store.get(1)
+
+
+async def run_callback(callback, x):
+    code = _code_of(callback)
+    return next(c for c in code.co_consts if type(c) is int) * x
+"""
+
+
+async def test_the_flag_readers_exemption_is_for_its_own_function_only() -> None:
+    result = await _grade_callback(LIKE_A_FUNCTION)
+    assert result.reward == 0.0 and "read_tests" in result.flags, (result.flags,
+                                                                   result.details[:3])

@@ -32,7 +32,15 @@ import sys
 from dataclasses import astuple as _astuple
 from dataclasses import fields as _fields
 from dataclasses import is_dataclass as _is_dataclass
+from datetime import date as _date
+from datetime import datetime as _datetime
+from datetime import time as _time
+from datetime import timedelta as _timedelta
 from decimal import Decimal
+from fractions import Fraction as _Fraction
+from ipaddress import IPv4Address as _IPv4Address
+from ipaddress import IPv6Address as _IPv6Address
+from uuid import UUID as _UUID
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inside_boundary as boundary_module  # noqa: E402 - from the launcher's own directory
@@ -47,7 +55,8 @@ PROBE_EQUAL, CLAIM, HELD = compiling.PROBE_EQUAL, compiling.CLAIM, compiling.HEL
 COMMIT, NUMBER, STAR = compiling.COMMIT, compiling.NUMBER, compiling.STAR
 WITHIN, BOUND = compiling.WITHIN, compiling.BOUND
 PAIR, EQUAL, MEMBER = compiling.PAIR, compiling.EQUAL, compiling.MEMBER
-OPERATOR_EQUAL, EQUAL_CHAIN = compiling.OPERATOR_EQUAL, compiling.EQUAL_CHAIN
+OPERATOR_EQUAL, COMPARE_CHAIN = compiling.OPERATOR_EQUAL, compiling.COMPARE_CHAIN
+ORDER, ORDER_PAIR, MATCHED = compiling.ORDER, compiling.ORDER_PAIR, compiling.MATCHED
 STARRED_PAIR, KEYWORD_PAIR = compiling.STARRED_PAIR, compiling.KEYWORD_PAIR
 ModuleSpec = type(sys.__spec__)  # importlib.machinery's, without an import inside find_spec
 SOLVER = []  # the socket to the tested code's process, where one was forked for this grading
@@ -62,6 +71,14 @@ class _Fresh:
 
 _PLAIN = (int, float, str, bytes, bool, complex, type(None))
 _among, shuffled = guard_module.among, guard_module.shuffled
+# a Fraction's and a datetime's state, read by their own descriptors (nothing of a subclass's)
+_NUMERATOR = _Fraction.__dict__["_numerator"].__get__
+_DENOMINATOR = _Fraction.__dict__["_denominator"].__get__
+_TZINFO = {_datetime: _datetime.__dict__["tzinfo"].__get__,
+           _time: _time.__dict__["tzinfo"].__get__}
+_UUID_INT = _UUID.__dict__["int"].__get__
+_IP4 = _IPv4Address.__dict__["_ip"].__get__
+_IP6, _SCOPE = (_IPv6Address.__dict__[n].__get__ for n in ("_ip", "_scope_id"))
 _NO = _Fresh()  # no expected literal
 _HONEST = _Fresh()  # ``commit``'s word for a value of the builtin kinds: nothing to probe
 
@@ -84,14 +101,40 @@ def _neighbour(expected):
 
 def _honest(value, depth=0):
     """Whether ``value`` is made of the builtin kinds only (no object of the tested code's to
-    ask): a plain value, or a list, tuple, set or dict of them, looked into a little way."""
+    ask): a plain value (or a value of the standard library's, ``_value_data``), or a list,
+    tuple, set or dict of them, looked into a little way."""
     kind = type(value)
-    if _among(kind, _PLAIN):
+    if _among(kind, _PLAIN) or _value_data(value):
         return True
     if depth > 3 or not _among(kind, (list, tuple, set, frozenset, dict)):
         return False
     items = list(value.items()) if kind is dict else list(value)
     return len(items) <= 1000 and all(_honest(item, depth + 1) for item in items)
+
+
+def _value_data(value):
+    """Whether ``value`` is of one of the standard library's value kinds, exactly, holding
+    nothing of the tested code's: a ``Decimal``, a ``Fraction`` of two ints, a ``date``, a
+    ``timedelta``, a ``datetime`` or ``time`` without a time zone, a ``UUID``, an IP address
+    (their state read by their slots' own descriptors; paths are not among them). An
+    expected value of such a kind is data like an int: the tested value is had as one of its
+    kind or is not equal to it (round forty-four's red team: an ``__eq__`` that said True to
+    every ``Decimal``, ``date`` or ``Fraction`` passed 14 of 16 tests, since only fresh
+    objects asked it)."""
+    kind = type(value)
+    if kind is Decimal or kind is _date or kind is _timedelta:
+        return True
+    if kind is _Fraction:
+        return type(_NUMERATOR(value)) is int and type(_DENOMINATOR(value)) is int
+    if kind is _datetime or kind is _time:
+        return _TZINFO[kind](value) is None
+    if kind is _UUID:
+        return type(_UUID_INT(value)) is int
+    if kind is _IPv4Address:
+        return type(_IP4(value)) is int
+    if kind is _IPv6Address:
+        return type(_IP6(value)) is int and _among(type(_SCOPE(value)), (str, type(None)))
+    return False
 
 
 def _data_form(value, depth=0):
@@ -722,25 +765,81 @@ def equal(left, right, negate=False):
     float), and where the operands' own ``==`` gives no bool (numpy's elementwise arrays) it
     is the answer when the values handed over are equal, so ``(f(x) == expected).all()``
     reads as written."""
+    return _backed(left, right, "NotEq" if negate else "Eq")
+
+
+_OPERATORS = {"Eq": _operator.eq, "NotEq": _operator.ne, "Lt": _operator.lt,
+              "LtE": _operator.le, "Gt": _operator.gt, "GtE": _operator.ge}
+
+
+def order(left, right, op):
+    """``left < right`` (``op``: ``Lt``, ``LtE``, ``Gt``, ``GtE``) anywhere in the hidden code
+    where neither is a literal (``e - EPS <= f(x)``, ``assertTrue(lo < f(x) < hi)``): as
+    ``equal`` does, a value that is not of the builtin kinds had as a number of the other's
+    kind first, and its own answer standing only where that number backs it (round
+    forty-four's red team: an object less and greater than every number passed a band)."""
+    return _backed(left, right, op)
+
+
+def _backed(left, right, op):
+    """``left <op> right``, each side not of the builtin kinds had as one of the other's kind
+    first (``_commit``; for an order, only against a number), the answer the operands' own
+    where what they handed over backs it."""
+    ordering = op not in ("Eq", "NotEq")
     sides, backed = [], True
     for value, other in ((left, right), (right, left)):
         if _among(type(value), _PLAIN):
             sides.append(value)
             continue
         given = value
-        if _honest(other) and not _honest(value):
-            given = _commit(value, other)
+        if _honest(other) and not _honest(value) and (
+                not ordering or _among(type(other), (int, float))):
+            like = float(other) if ordering and type(other) is int and \
+                not _is(value, int) else other
+            given = _commit(value, like)
             if given is _NO or not _honest(given):
                 backed = False  # nothing of the other's kind to hand over
-        _ask(value, "eq", other)
+        _ask(value, "order" if ordering else "eq", _NO if ordering else other)
         sides.append(given)
-    mine = left != right if negate else left == right
+    function = _OPERATORS[op]
+    mine = function(left, right)
     if sides[0] is left and sides[1] is right:
         return mine  # nothing handed over: both of the builtin kinds, or neither
-    same = backed and sides[0] == sides[1]
+    held = backed and function(sides[0], sides[1])
     if type(mine) is not bool:
-        return mine if same else negate
-    return (mine or not same) if negate else (mine and same)
+        return mine if held else op == "NotEq"
+    if op == "NotEq":
+        return mine or not held
+    return mine and held
+
+
+def compare_chain(operands, ops):
+    """A chain of comparisons (``f(x) == f(y) == expected``, ``lo <= f(x) < hi``): each link
+    ``equal`` or ``order``, in order, to the first that fails. Its operands were all worked
+    out first (a chain works out the next only while the links hold)."""
+    for at, op in enumerate(ops):
+        if not _backed(operands[at], operands[at + 1], op):
+            return False
+    return True
+
+
+def order_pair(first, second):
+    """The first two arguments of an order assertion (``assertGreaterEqual(f(x), lo)``): a
+    value not of the builtin kinds had as a number of the other's kind (a float for an int),
+    asked fresh objects besides; each handed on."""
+    out = []
+    for value, other in ((first, second), (second, first)):
+        given = value
+        if not _honest(value) and _among(type(other), (int, float)):
+            given = _commit(value, float(other) if type(other) is int and
+                            not _is(value, int) else other)
+            if given is _NO or not _honest(given):
+                raise AssertionError(f"a {type(value).__qualname__} is no number: it cannot "
+                                     "be had as one")
+        if not _among(type(value), _PLAIN):
+            _ask(value, "order", _NO)
+        out.append(given)
+    return tuple(out)
 
 
 def member(item, container):
@@ -750,6 +849,15 @@ def member(item, container):
     to nothing), so that the builtin ``in`` decides, never the item's own ``__eq__``; else
     ``item``, probed. A container's own kind is not the item's: ``Fraction(5, 2)`` is in
     ``[2.5]`` (round forty-four: it was had as a list, and an honest answer failed)."""
+    if _honest(item) and _held_objects(container):
+        # ``assertIn(expected, [f(x)])``: each item of the tested code's had as one of the
+        # expected value's kind (one that cannot be, as an object equal to nothing)
+        items = list(container)[:1000]
+        had = []
+        for each in items:
+            given = each if _honest(each) else _commit(each, item)
+            had.append(given if given is not _NO and _honest(given) else _Fresh())
+        return item, had
     if _honest(item) or not _data_container(container):
         return probe(item, "eq"), container
     givens = _members(item, container)
@@ -758,6 +866,14 @@ def member(item, container):
         if given in container:
             return given, container
     return (givens[0] if givens else _Fresh()), container
+
+
+def _held_objects(container):
+    """Whether ``container`` is a builtin list, tuple or set holding a value that is not of
+    the builtin kinds (a result of the tested code's, where the test looks for its expected
+    value: ``expected in [f(x)]``)."""
+    return _among(type(container), (list, tuple, set, frozenset)) and \
+        not _honest(container) and len(container) <= 1000
 
 
 def _data_container(container):
@@ -780,6 +896,21 @@ def _members(item, container, most=8):
         if len(seen) >= most:
             break
     return givens
+
+
+def matched(subject, values):
+    """The subject of a ``match`` whose cases compare it with literal ``values`` only: a
+    value not of the builtin kinds had as one of their kinds (``_members``; one among them if
+    any is, else any, else an object equal to none), so that the builtin ``==`` matches it
+    (round forty-four's red team: ``case 2.5:`` matched an object equal to every number)."""
+    if _honest(subject) or not values:
+        return subject
+    givens = _members(subject, values)
+    _ask(subject, "eq", _NO)
+    for given in givens:
+        if given in values:
+            return given
+    return givens[0] if givens else _Fresh()
 
 
 def operator_equal(func, left, right):
@@ -813,16 +944,6 @@ def keyword_pair(kwargs, near=False):
             kwargs[one], kwargs[other] = pair(kwargs[one], kwargs[other], near)
             break
     return kwargs
-
-
-def equal_chain(operands, negated):
-    """A chain of ``==`` and ``!=`` (``f(x) == f(y) == expected``; ``negated``: which links
-    are ``!=``): each link ``equal``, in order, to the first that fails. Its operands were all
-    worked out first (a chain works out the next only while the links hold)."""
-    for at, negate in enumerate(negated):
-        if not equal(operands[at], operands[at + 1], negate):
-            return False
-    return True
 
 
 def _ask(value, kind, expected):
@@ -905,11 +1026,17 @@ def within(item, container):
     team, round forty-four: an ``__eq__`` that said True to numbers until ``__int__`` ran).
     Anything else is ``in`` as written."""
     if not _honest(item):
+        if type(container) is range:  # a number in a range: had as an int first
+            given = _commit(item, 0)
+            return given is not _NO and type(given) is int and bool(item in container) \
+                and given in container
         if not _data_container(container):
             return item in container
         givens = _members(item, container)
         mine = item in container
         return bool(mine) and any(given in container for given in givens)
+    if _held_objects(container):  # ``expected in [f(x)]``: each item of the tested code's
+        return any(equal(item, each) for each in list(container)[:1000])  # had as data
     if _among(type(container), (str, bytes, list, tuple, set, frozenset, dict, range)):
         return item in container
     try:
@@ -996,7 +1123,8 @@ def _run_hidden(module, path, code):
              HELD: held, COMMIT: commit, NUMBER: number, STAR: star, WITHIN: within,
              BOUND: bound, PAIR: pair, EQUAL: equal, MEMBER: member,
              OPERATOR_EQUAL: operator_equal, STARRED_PAIR: starred_pair,
-             KEYWORD_PAIR: keyword_pair, EQUAL_CHAIN: equal_chain}
+             KEYWORD_PAIR: keyword_pair, COMPARE_CHAIN: compare_chain, ORDER: order,
+             ORDER_PAIR: order_pair, MATCHED: matched}
     module.__file__ = path
     module.__dict__.update(hooks)
     HIDDEN[id(module)] = path

@@ -31,6 +31,9 @@ import os
 import sys
 from _bisect import bisect_right
 from _blake2 import blake2b
+from gc import disable as _gc_disable
+from gc import enable as _gc_enable
+from gc import isenabled as _gc_isenabled
 from inspect import _has_code_flag
 from opcode import opmap as _opmap
 from operator import getitem, is_not, ne
@@ -690,6 +693,13 @@ class Guard:
         if getattr(self.local, "busy", False):
             return
         self.local.busy = True
+        # No collection while the hook runs: a finaliser of the tested code's (a chain of C
+        # callables) that the collector ran here would read frames in the one place where
+        # nothing is judged (red team, round forty-four: ``open`` made the hook allocate, and
+        # the finaliser's ``inspect.currentframe`` reached the test's ``expected``).
+        collecting = _gc_isenabled()
+        if collecting:
+            _gc_disable()
         try:
             if event == REPORT_EVENT:
                 frame = sys._getframe(1)
@@ -736,6 +746,8 @@ class Guard:
             except Exception:
                 pass
         finally:
+            if collecting:
+                _gc_enable()
             self.local.busy = False
         denied = getattr(self.local, "deny", None)
         if denied:
@@ -1471,7 +1483,7 @@ class Guard:
             elif (name in CODE_ATTRS and type(args[0]) is _function
                   and (_addr(args[0].__globals__) in self.test_globals
                        or _addr(args[0].__globals__) in self.launcher_globals)
-                  and not (name == "__code__" and _reads_flags(sys._getframe(2)))):
+                  and not (name == "__code__" and _reads_flags(sys._getframe(2), args[0]))):
                 where = self.in_stack() or (
                     BY_C if self.frame_caller(event, name) is BY_C else None)
                 if where is not None:
@@ -1635,16 +1647,19 @@ def _call_loads(frame, run):
     return loads
 
 
-def _reads_flags(frame):
-    """Whether ``frame`` is ``inspect._has_code_flag`` at its own read of ``f.__code__`` (to
-    take ``co_flags`` from it and hand back a bool), not at a call: C code it was made to call
-    (its ``isfunction`` rebound to a chain of C callables that reads the code) is the tested
-    code's (red team, round forty-four)."""
+def _reads_flags(frame, function):
+    """Whether ``frame`` is ``inspect._has_code_flag`` at its own read of ``f.__code__`` of
+    ``function`` itself (to take ``co_flags`` from it and hand back a bool). Not at a call: C
+    code it was made to call (its ``isfunction`` rebound to a chain of C callables that reads
+    the code) is the tested code's; nor for another function than its ``f``: an object of the
+    tested code's whose ``__code__`` is a property made of C callables read a test's code
+    there (red team, round forty-four, twice)."""
     if _addr(frame.f_code) not in FLAG_READERS:
         return False
     op, arg, _ = _site(frame)
     return (op == _LOAD_ATTR or op == _LOAD_METHOD) and \
-        _named(frame.f_code, op, arg) == "__code__"
+        _named(frame.f_code, op, arg) == "__code__" and \
+        _frame_locals(frame).get("f") is function
 
 
 def _callable(frame, loads):
