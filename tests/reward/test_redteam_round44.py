@@ -517,13 +517,12 @@ async def test_a_callback_hands_the_tested_code_no_module_of_the_tests() -> None
 
 
 # Round forty-four's second red team.
-# G4: more shapes of a comparison the object decided: reversed membership, the deprecated
-# aliases, an order band (chained, in assertTrue, as assertGreaterEqual and
-# assertLessEqual), a match statement.
+# G4: more shapes of a comparison the object decided: reversed membership, an order band
+# (chained, in assertTrue, as assertGreaterEqual and assertLessEqual), a match statement
+# (failUnlessEqual, which 3.12 removed, was checked by hand on 3.11).
 MORE_SHAPES = {
     "expected in": "assert expected in [median(values)]",
     "assertIn reversed": "self.assertIn(expected, [median(values)])",
-    "failUnlessEqual": "self.failUnlessEqual(median(values), expected)",
     "band": "assert expected - 1e-9 <= median(values) <= expected + 1e-9",
     "assertTrue band": "self.assertTrue(expected - 1e-9 < median(values) < expected + 1e-9)",
     "assertGreaterEqual": "self.assertGreaterEqual(median(values), expected - 1e-9); "
@@ -780,3 +779,63 @@ async def test_the_flag_readers_exemption_is_for_its_own_function_only() -> None
     result = await _grade_callback(LIKE_A_FUNCTION)
     assert result.reward == 0.0 and "read_tests" in result.flags, (result.flags,
                                                                    result.details[:3])
+
+
+# Round forty-four's third red team: two honest patterns the second round failed. A subclass
+# of a value kind (``Money(Decimal)``, pandas' ``Timestamp`` is a ``datetime``) is had as the
+# kind itself, from the data the kind keeps; and a chain works out its later operands only
+# while its links hold.
+SUBCLASSES = """from datetime import date, timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+
+class Money(Decimal):
+    pass
+
+
+class Day(date):
+    pass
+
+
+class Span(timedelta):
+    pass
+
+
+class Part(Fraction):
+    pass
+
+
+def solve(key):
+    return {"dec": Money("2.5"), "frac": Part(5, 2), "date": Day(2024, 1, 5),
+            "td": Span(hours=3), "uuid": __import__("uuid").UUID(int=7)}[key]
+"""
+CHAIN_TESTS = """from stats import median
+
+
+def boom():
+    raise RuntimeError("worked out past a link that failed")
+
+
+def test_short_circuit():
+    n = median([1, 2, 3])
+    assert not (n > 100 > boom())
+    assert not (n == 100 == boom())
+    assert 1 <= n <= 3
+"""
+
+
+async def test_an_honest_subclass_of_a_value_kind_keeps_the_reward() -> None:
+    task = Task(config=TaskConfig(task=TaskInfo(id="round44/subclasses"),
+                                  grading=GradingConfig(isolation="shared")),
+                instruction="kinds", workspace=FileTree.of({"stats.py": KINDS_STUB}),
+                tests=FileTree.of({"test_stats.py": KINDS_TESTS}))
+    async with Grader() as grader:
+        result = await grader.grade_files(task, task.workspace.overlay(
+            {"stats.py": SUBCLASSES.encode()}))
+    assert result.reward == 1.0 and not result.flags, (result.flags, result.details[:3])
+
+
+async def test_a_chain_works_out_no_operand_past_a_failed_link() -> None:
+    result = await _grade(SOLVED, CHAIN_TESTS)
+    assert result.reward == 1.0 and not result.flags, (result.flags, result.details[:3])

@@ -137,6 +137,37 @@ def _value_data(value):
     return False
 
 
+def _value_of(value, kind):
+    """``value``, an instance of ``kind`` (one of ``_value_data``'s) or of a subclass of it
+    (a ``Decimal`` of its own, pandas' ``Timestamp``, a ``datetime``), as a value of exactly
+    ``kind`` made from the data ``kind`` itself keeps (its C state, its slots), nothing of the
+    subclass's run; ``_NO`` for anything else, or one whose data is not of the builtin kinds
+    (round forty-four's third red team: an honest ``Money(Decimal)`` was no ``Decimal``)."""
+    if type(value) is kind and _value_data(value):
+        return value
+    try:
+        if not _is(value, kind):
+            return _NO
+        if kind is Decimal:
+            made = Decimal(value)  # the C constructor copies a Decimal's own digits
+        elif kind is _Fraction:
+            top, bottom = _NUMERATOR(value), _DENOMINATOR(value)
+            if not (_is(top, int) and _is(bottom, int)):
+                return _NO
+            made = _Fraction(int.__int__(top), int.__int__(bottom))
+        elif kind is _UUID:
+            number = _UUID_INT(value)
+            made = _UUID(int=int.__int__(number)) if _is(number, int) else _NO
+        elif kind is _IPv4Address or kind is _IPv6Address:
+            number = (_IP4 if kind is _IPv4Address else _IP6)(value)
+            made = kind(int.__int__(number)) if _is(number, int) else _NO
+        else:  # date, datetime, time, timedelta: their pickled state, read by the C type
+            made = kind(*kind.__reduce__(value)[1])
+    except Exception:
+        return _NO
+    return made if made is not _NO and type(made) is kind and _value_data(made) else _NO
+
+
 def _data_form(value, depth=0):
     """An expected value made of the builtin kinds and of instances of data classes (a
     dataclass whose ``__eq__`` is the one ``dataclasses`` wrote), as builtin values: each such
@@ -568,6 +599,8 @@ def _commit(value, like, depth=0):
         return value
     if depth > 3:
         return _NO
+    if _value_data(like):
+        return _value_of(value, kind)
     try:
         if kind is bool or kind is int:
             if _is(value, int):
@@ -813,13 +846,18 @@ def _backed(left, right, op):
     return mine and held
 
 
-def compare_chain(operands, ops):
+def compare_chain(first, later, ops):
     """A chain of comparisons (``f(x) == f(y) == expected``, ``lo <= f(x) < hi``): each link
-    ``equal`` or ``order``, in order, to the first that fails. Its operands were all worked
-    out first (a chain works out the next only while the links hold)."""
-    for at, op in enumerate(ops):
-        if not _backed(operands[at], operands[at + 1], op):
+    ``equal`` or ``order``, in order, to the first that fails; each operand after ``first``
+    worked out (``later``: a function of no arguments each) only while the links before it
+    hold, as the chain itself does (round forty-four's third red team: ``n > 100 > boom()``
+    called ``boom`` when the first link failed)."""
+    left = first
+    for make, op in zip(later, ops, strict=True):
+        right = make()
+        if not _backed(left, right, op):
             return False
+        left = right
     return True
 
 
@@ -969,8 +1007,8 @@ def _ask(value, kind, expected):
             step = near
             for _ in range(1 + os.urandom(1)[0] % 8):  # 2 -> 3, 4, 5...: any number of them
                 step = _neighbour(step)
-                if step is _NO:
-                    break
+                if step is _NO or (type(step) is type(near) and step == near):
+                    break  # a bool's neighbour's neighbour is the bool itself
                 others.append(step)
         claims = False
         for other in shuffled(others):

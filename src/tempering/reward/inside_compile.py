@@ -292,10 +292,18 @@ def instrument(tree, calls=True, text=None, probes=True):
         ops = [type(op).__name__ for op in node.ops]
         operands = [node.left, *node.comparators]
         if set(ops) <= {"Eq", "NotEq", "Lt", "LtE", "Gt", "GtE"} and \
-                not any(matcher(n) for n in operands):
+                not any(matcher(n) for n in operands) and id(node) not in class_scoped and \
+                not any(isinstance(n, ast.Await | ast.Yield | ast.YieldFrom | ast.NamedExpr)
+                        for operand in operands[1:] for n in ast.walk(operand)):
             # ``f(x) == f(y) == expected``, ``lo <= f(x) < hi``: each link ``equal`` or
-            # ``order`` (``COMPARE_CHAIN``)
-            return helper(COMPARE_CHAIN, node, at(ast.Tuple(operands, ast.Load()), node),
+            # ``order`` (``COMPARE_CHAIN``), each operand after the first worked out (a lambda)
+            # only while the links before it hold, as the chain itself does
+            later = [at(ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None,
+                                                      kwonlyargs=[], kw_defaults=[],
+                                                      kwarg=None, defaults=[]),
+                                   body=operand), operand) for operand in operands[1:]]
+            return helper(COMPARE_CHAIN, node, operands[0],
+                          at(ast.Tuple(later, ast.Load()), node),
                           at(ast.Constant(tuple(ops)), node))
         wrapped = []
         for i, operand in enumerate(operands):
@@ -425,6 +433,19 @@ def instrument(tree, calls=True, text=None, probes=True):
                 functions(getattr(node, field), found)
         return found
 
+    # comparisons in a class body (outside its functions): a lambda there would not see the
+    # class's names, so a chain there is not made of lambdas
+    class_scoped = set()
+    for klass in ast.walk(tree):
+        if isinstance(klass, ast.ClassDef):
+            stack = list(klass.body)
+            while stack:
+                one = stack.pop()
+                if isinstance(one, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda |
+                              ast.ClassDef):
+                    continue
+                class_scoped.add(id(one))
+                stack.extend(ast.iter_child_nodes(one))
     tree.body = statements(tree.body)
     if probes:
         Compares().visit(tree)
