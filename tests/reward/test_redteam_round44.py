@@ -146,10 +146,11 @@ class TestMedian(unittest.TestCase):
 '''
 
 
-async def _grade(stats: str, tests: str, runner: str = "pytest"):  # type: ignore[no-untyped-def]
+async def _grade(stats: str, tests: str, runner: str = "pytest",  # type: ignore[no-untyped-def]
+                 stub: str = STUB):
     task = Task(config=TaskConfig(task=TaskInfo(id="round44/median"),
                                   grading=GradingConfig(isolation="shared", runner=runner)),
-                instruction="median", workspace=FileTree.of({"stats.py": STUB}),
+                instruction="median", workspace=FileTree.of({"stats.py": stub}),
                 tests=FileTree.of({"test_stats.py": tests}))
     async with Grader() as grader:
         return await grader.grade_files(task, task.workspace.overlay({"stats.py": stats.encode()}))
@@ -215,13 +216,7 @@ CALLBACK_CODE = '''async def run_callback(callback, x):
 
 
 async def _grade_callback(solution: str):  # type: ignore[no-untyped-def]
-    task = Task(config=TaskConfig(task=TaskInfo(id="round44/callback"),
-                                  grading=GradingConfig(isolation="shared")),
-                instruction="callback", workspace=FileTree.of({"stats.py": CALLBACK_STUB}),
-                tests=FileTree.of({"test_stats.py": CALLBACK_TESTS}))
-    async with Grader() as grader:
-        return await grader.grade_files(task, task.workspace.overlay(
-            {"stats.py": solution.encode()}))
+    return await _grade(solution, CALLBACK_TESTS, stub=CALLBACK_STUB)
 
 
 @pytest.mark.parametrize("module", ["inspect", "asyncio"])
@@ -331,13 +326,7 @@ def unique_sorted(values):
 
 
 async def _grade_unique(solution: str):  # type: ignore[no-untyped-def]
-    task = Task(config=TaskConfig(task=TaskInfo(id="round44/unique"),
-                                  grading=GradingConfig(isolation="shared")),
-                instruction="unique", workspace=FileTree.of({"stats.py": UNIQUE_STUB}),
-                tests=FileTree.of({"test_stats.py": UNIQUE_TESTS}))
-    async with Grader() as grader:
-        return await grader.grade_files(task, task.workspace.overlay(
-            {"stats.py": solution.encode()}))
+    return await _grade(solution, UNIQUE_TESTS, stub=UNIQUE_STUB)
 
 
 async def test_a_finaliser_run_inside_a_library_call_is_the_tested_codes() -> None:

@@ -521,14 +521,20 @@ def _approximated(other):
     return expected if expected is not _NO and _honest(expected) else _NO
 
 
+def _number_like(value, like):
+    """The number ``value`` is to be had as, to be compared with or ordered against the
+    number ``like``: a float for an int where ``value`` is no int (a ``Fraction``, a float
+    subclass: not cut to a whole number), else ``like``."""
+    return float(like) if type(like) is int and not _is(value, int) else like
+
+
 def number(value, like):
     """``value``, an operand of arithmetic with the number literal ``like`` in an assertion,
     as a number of ``like``'s kind (``_commit``), so that its own arithmetic (a ``__sub__``
     that returns 0) does not decide how near it is."""
     if _among(type(value), _PLAIN):
         return value
-    if type(like) is int and not _is(value, int):  # a Fraction, a float subclass: not cut
-        like = float(like)
+    like = _number_like(value, like)
     given = _commit(value, like)
     if given is _NO or not _honest(given):
         raise AssertionError(f"a {type(value).__qualname__} is no {type(like).__name__}: "
@@ -827,9 +833,7 @@ def _backed(left, right, op):
         given = value
         if _honest(other) and not _honest(value) and (
                 not ordering or _among(type(other), (int, float))):
-            like = float(other) if ordering and type(other) is int and \
-                not _is(value, int) else other
-            given = _commit(value, like)
+            given = _commit(value, _number_like(value, other) if ordering else other)
             if given is _NO or not _honest(given):
                 backed = False  # nothing of the other's kind to hand over
         _ask(value, "order" if ordering else "eq", _NO if ordering else other)
@@ -869,8 +873,7 @@ def order_pair(first, second):
     for value, other in ((first, second), (second, first)):
         given = value
         if not _honest(value) and _among(type(other), (int, float)):
-            given = _commit(value, float(other) if type(other) is int and
-                            not _is(value, int) else other)
+            given = _commit(value, _number_like(value, other))
             if given is _NO or not _honest(given):
                 raise AssertionError(f"a {type(value).__qualname__} is no number: it cannot "
                                      "be had as one")
