@@ -86,8 +86,12 @@ def test_missing_directory_and_workspace_clash(tmp_path: Path) -> None:
     root = make_task(tmp_path)
     (root / "workspace" / "tests").mkdir()
     (root / "workspace" / "tests" / "mine.py").write_text("")
-    with pytest.raises(ConfigError, match="grading.tests_dir"):
+    with pytest.raises(ConfigError, match="workspace/tests/mine.py is in grading.tests_dir, "
+                                          "where the hidden tests go, but tests/ has no mine.py"):
         load_task(root)
+    # A repository's visible tests, each replaced by its hidden counterpart, are fine.
+    (root / "tests" / "mine.py").write_text("def test_more():\n    pass\n")
+    assert load_task(root).workspace["tests/mine.py"] == b""
 
 
 def test_symlinks_in_a_task_are_refused(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import ast
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from importlib.util import MAGIC_NUMBER
 from types import TracebackType
 from typing import Self
@@ -195,14 +196,14 @@ class Grader:
         components.update(scores)
         tests = _test_results(run, expected)
         passed = sum(t.outcome == "passed" for t in tests)
-        _judge(run, tests, expected, flags, details)
-        all_or_fraction = (passed == expected) if task.config.grading.scoring == "all" else (
-            passed / expected)
+        _judge(run, tests, expected, flags, details, _counted(task.config.grading))
+        scoring = task.config.grading.scoring
         listed = listed_components(task.config.grading, tests)
         components.update(listed)
-        if listed and task.config.grading.scoring == "all":  # resolved: SWE-bench's test
-            all_or_fraction = all_or_fraction and all(v == 1.0 for v in listed.values())
-        components["tests"] = float(all_or_fraction)
+        whole = all(v == 1.0 for v in listed.values())  # resolved: SWE-bench's test
+        components["tests"] = float(
+            passed / expected if scoring == "fraction" else
+            whole if scoring == "listed" else passed == expected and whole)
         # Lint and rules judge working code: scaled by the tests' score, a clean change that
         # solves nothing earns nothing on them (red team, round thirty-three: a constant stub
         # took the example's lint and rules, a fifth of its reward).
@@ -473,8 +474,17 @@ def listed_components(grading: GradingConfig, tests: list[TestResult]) -> dict[s
                               ("pass_to_pass", grading.pass_to_pass)) if ids}
 
 
+def _counted(grading: GradingConfig) -> Callable[[str], bool]:
+    """Whether a test's outcome counts: every test's, except under ``scoring = "listed"``,
+    where only the listed tests' do (the repository's own skips elsewhere are no evidence)."""
+    if grading.scoring != "listed":
+        return lambda test_id: True
+    ids = [*grading.fail_to_pass, *grading.pass_to_pass]
+    return lambda test_id: any(test_id == i or test_id.startswith(i + "[") for i in ids)
+
+
 def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str],
-           details: list[str]) -> None:
+           details: list[str], counted: Callable[[str], bool]) -> None:
     """The flags that the test run's evidence raises."""
     if run.forged:
         flags.add("forged_report")
@@ -488,7 +498,7 @@ def _judge(run: TestRun, tests: list[TestResult], expected: int, flags: set[str]
     elif run.finished and len(run.collected) != expected:
         flags.add("test_count_mismatch")
         details.append(f"test_count_mismatch: {len(run.collected)} collected, {expected} expected")
-    skipped = [t.id for t in tests if t.outcome in ("skipped", "xfailed")]
+    skipped = [t.id for t in tests if t.outcome in ("skipped", "xfailed") and counted(t.id)]
     if skipped:
         flags.add("tests_skipped")
         details.append(f"tests_skipped: {', '.join(skipped[:10])}")

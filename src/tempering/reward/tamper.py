@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from tempering.tasks.files import FileTree, matches
 from tempering.tasks.task import Task
 
-GENERATED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
+# Edits below these are neither applied nor counted: caches, and version control's own files
+# (an agent's commits and index are not its work; the files they hold are graded as files).
+GENERATED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                            ".git"})
 PYTEST_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "conftest"})
 # Standard-library names that honest code commonly reuses and nothing at test time imports.
 STDLIB_ALLOWED = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib",

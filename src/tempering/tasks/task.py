@@ -73,8 +73,10 @@ class GradingConfig(_Model):
     gives paths only."""
     tests_dir: str = "tests"
     """Where the hidden tests are placed in the grading sandbox, relative to the workdir."""
-    scoring: Literal["fraction", "all"] = "fraction"
-    """``fraction``: the tests component is passed / expected; ``all``: 1 only if all pass."""
+    scoring: Literal["fraction", "all", "listed"] = "fraction"
+    """``fraction``: the tests component is passed / expected; ``all``: 1 only if all pass;
+    ``listed``: 1 only if every test of ``fail_to_pass`` and ``pass_to_pass`` passed (SWE-bench's
+    resolved: the outcome of a test neither list names does not count)."""
     expected_tests: Annotated[int, Field(ge=1)] | None = None
     """How many tests must run; default: counted once by collecting the hidden tests against
     the reference solution (or the untouched workspace)."""
@@ -126,6 +128,9 @@ class GradingConfig(_Model):
             doubled = sorted(i for i, n in Counter(ids).items() if n > 1)
             if doubled:
                 raise ValueError(f"grading.{name} lists {doubled[:3]} more than once")
+        if self.scoring == "listed" and not (self.fail_to_pass or self.pass_to_pass):
+            raise ValueError("grading.scoring 'listed' needs grading.fail_to_pass or "
+                             "grading.pass_to_pass: the lists are what it scores")
         both = _overlap(self.fail_to_pass, self.pass_to_pass)
         if both:
             raise ValueError(f"{both[:3]} are in both grading.fail_to_pass and "
@@ -333,9 +338,15 @@ def load_task(path: str | Path, limits: Limits | None = None) -> Task:
 def _check_files(config: TaskConfig, trees: dict[str, FileTree]) -> list[str]:
     problems = []
     tests_dir = config.grading.tests_dir
-    if any(p == tests_dir or p.startswith(tests_dir + "/") for p in trees["workspace"]):
-        problems.append(f"workspace/{tests_dir} exists, but grading.tests_dir is where the hidden "
-                        "tests go: move those files or choose another tests_dir")
+    # A repository's visible tests may sit where the hidden ones go, which replace them: each
+    # must have its hidden counterpart, or it would run beside them unseen by the author.
+    stray = [p for p in trees["workspace"] if p == tests_dir or (
+        p.startswith(tests_dir + "/") and p.removeprefix(tests_dir + "/") not in trees["tests"])]
+    if stray:
+        problems.append(f"workspace/{stray[0]} is in grading.tests_dir, where the hidden tests "
+                        f"go, but tests/ has no {stray[0].removeprefix(tests_dir + '/')}: the "
+                        "hidden tests replace the visible ones file by file; add it to tests/, "
+                        "move it or choose another tests_dir")
     for v in config.verifiers:
         if v.function is not None and v.function.split(":")[0] not in trees["verifiers"]:
             problems.append(f"verifier {v.name!r}: verifiers/{v.function.split(':')[0]} "
