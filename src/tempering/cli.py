@@ -81,6 +81,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
+    return value
+
+
 @cache
 def _spec_docs() -> dict[str, str]:
     """Each SandboxSpec field's docstring (pydantic keeps them as descriptions), on one line."""

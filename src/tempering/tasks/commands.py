@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tempering.cli import command_group, positive_int
+from tempering.cli import command_group, positive_float, positive_int
 from tempering.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -95,6 +95,32 @@ def _cmd_tasks_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _cmd_tasks_import_swe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tempering.tasks.swe import Imported, import_instances
+
+    if not args.file.is_file():
+        raise ConfigError(f"{args.file}: no such file of instances")
+    console = Console(stderr=True)
+
+    def said(result: Imported) -> None:
+        if result.task_dir is not None:
+            console.print(f"[green]imported[/] {result.instance_id} -> {result.task_dir}")
+        else:
+            console.print(f"[red]refused[/] line {result.line}: {result.error}",
+                          highlight=False)
+
+    results = import_instances(args.file, args.repos, args.out, timeout_s=args.timeout,
+                               on_done=said)
+    bad = sum(r.task_dir is None for r in results)
+    console.print(f"[bold]{len(results) - bad} of {len(results)} instance(s) imported into "
+                  f"{args.out}" + (f"; {bad} refused" if bad else "") +
+                  ("" if bad == len(results) else
+                   f"; check them with `tempering tasks validate {args.out}/*`"))
+    return 1 if bad else 0
+
+
 _GRADE_EPILOG = """\
 examples:
   tempering grade examples/tasks/median --workspace my-attempt/
@@ -142,3 +168,28 @@ def add_task_commands(commands: Any) -> None:
     validate.add_argument("--all", action="store_true",
                           help="list every task, not only the invalid ones")
     validate.set_defaults(func=_cmd_tasks_validate)
+
+    importers = command_group(task_commands, "import", "turn tasks of other formats into task "
+                                                       "directories")
+    swe = importers.add_parser(
+        "swe", help="SWE-bench-style instances (JSON lines) as repository tasks",
+        description="Turn SWE-bench-style instances (one JSON object per line: instance_id, "
+                    "repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS, "
+                    "PASS_TO_PASS; optional recipe or image) into task directories: the "
+                    "repository at base_commit with a one-commit .git (no history to mine), "
+                    "the tests directory after the test patch as the hidden tests, the gold "
+                    "patch as the solution, graded resolved-or-not by FAIL_TO_PASS and "
+                    "PASS_TO_PASS. An instance that cannot be carried is refused with the "
+                    "reason and the others go on; exit status 1 if any was refused.",
+        epilog="examples:\n  tempering tasks import swe instances.jsonl --repos repos/ "
+               "--out tasks/swe\n  tempering tasks validate tasks/swe/*\n\n"
+               "repositories are looked up under --repos as owner__name, owner/name or name; "
+               "nothing is fetched. A task directory already under --out is replaced.")
+    swe.add_argument("file", type=Path, metavar="FILE.jsonl", help="the instances")
+    swe.add_argument("--repos", type=Path, required=True, metavar="DIR",
+                     help="where the git repositories are")
+    swe.add_argument("--out", type=Path, required=True, metavar="DIR",
+                     help="where the task directories go (one per instance_id)")
+    swe.add_argument("--timeout", type=positive_float, default=300.0, metavar="S",
+                     help="grading.timeout_s of the tasks (default: 300)")
+    swe.set_defaults(func=_cmd_tasks_import_swe)
