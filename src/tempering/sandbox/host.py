@@ -183,7 +183,7 @@ class SpareVolumes:
             worker.submit(self._make, size)
         if name is not None:
             path = volumes().path(name)
-            for entry in (path, path / "workspace", path / "tmp"):  # all a fresh one holds
+            for entry in (path, path / "workspace", path / "tmp", path / "logs"):  # its own
                 os.chown(entry, uid, gid)
         return name
 
@@ -209,11 +209,13 @@ class SpareVolumes:
 
 
 def make_volume(name: str, size: int, uid: int, gid: int) -> Path:
-    """An empty volume with a workdir, /tmp and /dev/shm owned by the sandbox user (host ids)."""
+    """An empty volume with a workdir, /tmp, /dev/shm and /logs owned by the sandbox user (host
+    ids)."""
     path = volumes().create(name, size)
     os.chown(path, uid, gid)
     with as_user(uid, gid):
         os.mkdir(path / "workspace", 0o755)
+        os.mkdir(path / "logs", 0o755)
         for shared in ("tmp", "shm"):  # /tmp and /dev/shm
             os.mkdir(path / shared, 0o1777)
             os.chmod(path / shared, 0o1777)
