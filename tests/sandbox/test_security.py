@@ -306,7 +306,7 @@ async def test_system_is_read_only(sb) -> None:
 
 
 async def test_only_the_sandbox_storage_is_writable(make_spec) -> None:
-    own = ("/workspace", "/tmp", "/dev/shm", "/logs")
+    own = ("/workspace", "/tmp", "/dev/shm", "/logs", "/tests")
     walk = writable.WALK + f"\nprint(walk({own!r}, LEAVE))\n"
     async with open_sandbox(make_spec()) as first, open_sandbox(make_spec()) as second:
         left = await first.exec(["python3", "-c", "LEAVE = True\n" + walk], timeout=60)
@@ -319,11 +319,12 @@ async def test_only_the_sandbox_storage_is_writable(make_spec) -> None:
 
 
 async def test_dev_shm_counts_in_the_disk_limit(make_spec) -> None:
-    """The workdir, /tmp, /dev/shm and /logs hold disk_mb together, on every backend (the
+    """The workdir, /tmp, /dev/shm, /logs and /tests hold disk_mb together, on every backend (the
     docker backend's /dev/shm was the engine's own 64 MiB: round twenty-nine)."""
     async with open_sandbox(make_spec(disk_mb=8, memory_mb=256)) as sb:
-        r = await sb.exec("for f in /tmp/a /dev/shm/b /logs/d c; do head -c 16M /dev/zero > $f;"
-                          " done; sync; du -sck /tmp/a /dev/shm/b /logs/d c | tail -1 | cut -f1")
+        files = "/tmp/a /dev/shm/b /logs/d /tests/e c"
+        r = await sb.exec(f"for f in {files}; do head -c 16M /dev/zero > $f; done; sync; "
+                          f"du -sck {files} | tail -1 | cut -f1")
         assert "No space left" in r.stderr or "Disk quota exceeded" in r.stderr, r
         assert int(r.stdout) <= 8 * 1024 + 512, r.stdout
 

@@ -21,7 +21,7 @@ image; everything else is the same machinery as the local backend, so the two ca
   replaced by synthetic ones naming that uid ``user``; the workdir and /tmp are its own.
 - Storage is the local backend's: a btrfs volume of the host's pool bound in at the workdir,
   /tmp and /dev/shm (one ``disk_mb`` budget; ``fork`` is a snapshot), or, without volumes,
-  four tmpfs within ``disk_mb`` and below ``memory_mb`` (``fork`` copies). The file API
+  a tmpfs each within ``disk_mb`` and below ``memory_mb`` (``fork`` copies). The file API
   works from the host with the same kernel-confined resolution (``files.py``), on the volume
   or through ``/proc/<init>/root``.
 - Containers carry the labels ``tempering.owner`` (the owning process's tag) and
@@ -50,6 +50,7 @@ from tempering.sandbox.engine import Engine, EngineError
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
+    HARBOR_DIRS,
     make_volume,
     reclaim_volumes,
     snapshot_volume,
@@ -147,17 +148,19 @@ class DockerSandbox(InitSandbox):
 
     def _config(self, init: Path, uid: int) -> dict[str, Any]:
         spec = self.spec
-        # Four tmpfs, together at most disk_mb and never the whole memory limit (as the
+        # A tmpfs each, together at most disk_mb and never the whole memory limit (as the
         # local backend's one): the files of a tmpfs belong to no process, and a full one
         # must leave the OOM killer a command to take, not the init (round twenty-nine).
         # /dev/shm is one of them: the engine's own is 64 MiB outside every budget.
         total = memory_disk_bytes(spec)
         shm = total // 8
         size = (total - shm) // 2
-        logs = size // 8  # /logs (harbor's): out of /tmp's share, the workdir's stays whole
+        harbor = size // 8  # /logs and /tests: out of /tmp's share, the workdir's stays whole
         tmpfs = {}
-        for mount, bytes_, mode in ((spec.workdir, size, "0755"), ("/tmp", size - logs, "1777"),
-                                    ("/dev/shm", shm, "1777"), ("/logs", logs, "0755")):
+        for mount, bytes_, mode in ((spec.workdir, size, "0755"), ("/tmp", size - harbor, "1777"),
+                                    ("/dev/shm", shm, "1777"),
+                                    *((d, harbor // len(HARBOR_DIRS), "0755")
+                                      for d in HARBOR_DIRS)):
             inodes = max(bytes_ // INODE_SPACING, 64)  # as local's: their memory is counted
             tmpfs[mount] = (f"rw,exec,nosuid,nodev,size={max(bytes_, 4096)},mode={mode},"
                             f"uid={uid},gid={uid},nr_inodes={inodes}")
@@ -166,11 +169,11 @@ class DockerSandbox(InitSandbox):
         binds = [f"{init}:/.tempering/init:ro", f"{self._control_dir}/socket.d:"
                  "/.tempering/control", f"{etc}/passwd:/etc/passwd:ro",
                  f"{etc}/group:/etc/group:ro"]
-        if self._volume is not None:  # one volume, one budget, bound at all four
+        if self._volume is not None:  # one volume, one budget, bound at each
             path = volumes().path(self._volume)
             storage = {}
             binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp",
-                      f"{path}/shm:/dev/shm", f"{path}/logs:/logs"]
+                      f"{path}/shm:/dev/shm", *(f"{path}{d}:{d}" for d in HARBOR_DIRS)]
         return {
             "Image": self.image, "User": f"{uid}:{uid}", "WorkingDir": spec.workdir,
             "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
@@ -267,11 +270,11 @@ class DockerSandbox(InitSandbox):
         os.sched_setaffinity(self._init_pid, {cpus[(first + i) % len(cpus)] for i in range(want)})
         root = f"/proc/{self._init_pid}/root"
         roots = {self.spec.workdir: root + self.spec.workdir, "/tmp": root + "/tmp",
-                 "/logs": root + "/logs"}
+                 **{d: root + d for d in HARBOR_DIRS}}
         if self._volume is not None:
             volume = volumes().path(self._volume)
             roots = {self.spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp"),
-                     "/logs": str(volume / "logs")}
+                     **{d: str(volume / d.strip("/")) for d in HARBOR_DIRS}}
         self._storage = Storage(roots, self.spec.workdir, uid, uid)
 
     async def _create_container(self, init: Path, uid: int) -> None:

@@ -183,7 +183,8 @@ class SpareVolumes:
             worker.submit(self._make, size)
         if name is not None:
             path = volumes().path(name)
-            for entry in (path, path / "workspace", path / "tmp", path / "logs"):  # its own
+            for entry in (path, path / "workspace", path / "tmp",  # all a fresh one holds
+                          *(path / d.strip("/") for d in HARBOR_DIRS)):
                 os.chown(entry, uid, gid)
         return name
 
@@ -208,14 +209,19 @@ class SpareVolumes:
                 volumes().destroy(name)
 
 
+HARBOR_DIRS = ("/logs", "/tests")
+"""Directories every sandbox has on its storage beside the workdir, /tmp and /dev/shm, at the
+paths harbor's environments have them (init.c binds the same list)."""
+
+
 def make_volume(name: str, size: int, uid: int, gid: int) -> Path:
-    """An empty volume with a workdir, /tmp, /dev/shm and /logs owned by the sandbox user (host
-    ids)."""
+    """An empty volume with a workdir, /tmp, /dev/shm, /logs and /tests owned by the sandbox
+    user (host ids)."""
     path = volumes().create(name, size)
     os.chown(path, uid, gid)
     with as_user(uid, gid):
-        os.mkdir(path / "workspace", 0o755)
-        os.mkdir(path / "logs", 0o755)
+        for own in ("workspace", *(d.strip("/") for d in HARBOR_DIRS)):
+            os.mkdir(path / own, 0o755)
         for shared in ("tmp", "shm"):  # /tmp and /dev/shm
             os.mkdir(path / shared, 0o1777)
             os.chmod(path / shared, 0o1777)

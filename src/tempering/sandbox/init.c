@@ -5,7 +5,7 @@
  * this program as the sandbox's first process. It does three things and nothing else:
  *
  *   1. While it still holds CAP_SYS_ADMIN inside the sandbox's own user namespace, it mounts one
- *      size-limited tmpfs and binds four directories of it at the workdir, /tmp, /dev/shm and /logs,
+ *      size-limited tmpfs and binds directories of it at the workdir, /tmp, /dev/shm, /logs and /tests,
  *      so all three count against one disk budget (unless the host bound a copy-on-write volume
  *      there instead, or passed a fork's volume as an idmapped mount for it to attach: its files
  *      belong to the parent's uid on disk and to this sandbox's here); nothing else is
@@ -109,6 +109,9 @@ static void die_setup(const char *what) {
 
 /* ---------- setup: disk, capabilities, seccomp ---------- */
 
+/* Directories of the disk bound at the same path (host.py's HARBOR_DIRS). */
+static const char *const HARBOR_DIRS[] = { "/logs", "/tests", NULL };
+
 static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
     const char *disk = "/.tempering/disk";
     char opts[128], path[256];
@@ -128,10 +131,13 @@ static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
     snprintf(path, sizeof path, "%s/shm", disk);
     if (mkdir(path, 01777) < 0 || chmod(path, 01777) < 0) die_setup("mkdir shm");
     if (mount(path, "/dev/shm", NULL, MS_BIND, NULL) < 0) die_setup("bind /dev/shm");
-    /* /logs, as harbor's environments have it (a task's verifier writes its reward there) */
-    snprintf(path, sizeof path, "%s/logs", disk);
-    if (mkdir(path, 0755) < 0) die_setup("mkdir logs");
-    if (mount(path, "/logs", NULL, MS_BIND, NULL) < 0) die_setup("bind /logs");
+    /* /logs and /tests, as harbor's environments have them (a task's verifier writes its
+     * reward to /logs/verifier; its hidden tests are at /tests while it grades) */
+    for (const char *const *dir = HARBOR_DIRS; *dir != NULL; dir++) {
+        snprintf(path, sizeof path, "%s%s", disk, *dir);
+        if (mkdir(path, 0755) < 0) die_setup("mkdir a harbor directory");
+        if (mount(path, *dir, NULL, MS_BIND, NULL) < 0) die_setup("bind a harbor directory");
+    }
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 
@@ -221,8 +227,10 @@ static void setup_volume(int tree, const char *workdir) {
     if (mount(path, "/tmp", NULL, MS_BIND, NULL) < 0) die_setup("bind /tmp");
     snprintf(path, sizeof path, "%s/shm", disk);
     if (mount(path, "/dev/shm", NULL, MS_BIND, NULL) < 0) die_setup("bind /dev/shm");
-    snprintf(path, sizeof path, "%s/logs", disk);
-    if (mount(path, "/logs", NULL, MS_BIND, NULL) < 0) die_setup("bind /logs");
+    for (const char *const *dir = HARBOR_DIRS; *dir != NULL; dir++) {
+        snprintf(path, sizeof path, "%s%s", disk, *dir);
+        if (mount(path, *dir, NULL, MS_BIND, NULL) < 0) die_setup("bind a harbor directory");
+    }
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 

@@ -49,6 +49,7 @@ from tempering.sandbox.egress import Egress, Stack, egress, start_stack
 from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
+    HARBOR_DIRS,
     chown_volume,
     host,
     idmapped_volume,
@@ -250,11 +251,11 @@ class LocalSandbox(InitSandbox):
         if self._volume is not None:
             volume = volumes().path(self._volume)
             roots = {spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp"),
-                     "/logs": str(volume / "logs")}
+                     **{d: str(volume / d.strip("/")) for d in HARBOR_DIRS}}
         else:
             root = f"/proc/{self._init_pid}/root"
             roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp",
-                     "/logs": root + "/logs"}
+                     **{d: root + d for d in HARBOR_DIRS}}
         owner = self._disk_uid if self._volume is not None else uid  # as the files are stored
         self._storage = Storage(roots, spec.workdir, owner, owner)
 
@@ -351,7 +352,8 @@ class LocalSandbox(InitSandbox):
 def _bind_volume(name: str, workdir: str) -> list[str]:
     vol = volumes().path(name)
     return ["--bind", str(vol / "workspace"), workdir, "--bind", str(vol / "tmp"), "/tmp",
-            "--bind", str(vol / "shm"), "/dev/shm", "--bind", str(vol / "logs"), "/logs"]
+            "--bind", str(vol / "shm"), "/dev/shm",
+            *(arg for d in HARBOR_DIRS for arg in ("--bind", str(vol / d.strip("/")), d))]
 
 
 # /dev as bubblewrap's --dev makes it (a tmpfs, the harmless device nodes, the fd links), except
@@ -385,8 +387,8 @@ def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--unshare-net",
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
             *caps, "--clearenv", *system_args(spec, 1000, 1000, resolv), "--proc", "/proc",
-            *_DEV, "--dir", "/tmp", "--dir", spec.workdir, "--dir", "/logs",
-            "--dir", "/.tempering/disk",
+            *_DEV, "--dir", "/tmp", "--dir", spec.workdir,
+            *(arg for d in HARBOR_DIRS for arg in ("--dir", d)), "--dir", "/.tempering/disk",
             *extra, "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
             # /dev is bubblewrap's own tmpfs, outside the disk limit and (for the zygote)
             # shared by every grading: read-only, its nodes still usable; the storage puts
