@@ -7,7 +7,8 @@
 4. In a fresh grading sandbox: the pristine workspace, the applied edits, then the hidden tests
    last; the launcher runs them and reports through an authenticated channel (``runner.py``).
    The number of tests that ran must equal the number expected; skipped, xfailed, errored,
-   missing and timed-out tests fail; the exit code is never evidence.
+   missing and timed-out tests fail; the exit code is never evidence. A task whose runner is
+   ``script`` runs its own test script there instead, which writes its reward (``script.py``).
 5. The task's own verifiers, each in a fresh sandbox of the screened workspace (``verifiers.py``).
 6. The weighted mean of the components is the reward; any tamper flag makes it 0.
 
@@ -42,6 +43,7 @@ from tempering.reward.runner import (
     pytest_args,
     write_launcher,
 )
+from tempering.reward.script import run_script
 from tempering.reward.static import analyse, lint, parse_big, python_sources
 from tempering.reward.tamper import parents, screen, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
@@ -116,6 +118,8 @@ class Grader:
         """Start now, before the first grading of tasks like ``task``, what grades them: the
         grading zygote where it does (``_forks``), else ``warm`` launchers (a launcher started
         for a task the zygote grades is never used: a sandbox and a pytest import spent)."""
+        if task.config.grading.runner == "script":
+            return  # a test script needs no launcher
         if self._forks(task):
             task_ = asyncio.get_running_loop().create_task(self._prestart_zygote(task))
             self._tasks.add(task_)
@@ -191,19 +195,14 @@ class Grader:
                 flags.add("lint_unavailable")
                 details.append(f"lint_unavailable: {exc}")
         tree = task.workspace.overlay(screened.applied, screened.modes)
-        expected = await self.expected_tests(task)
-        run, scores = await self._run(task, tree, flags, details)
+        if task.config.grading.runner == "script":
+            tests, log, scores = await self._run_script(task, tree, flags, details)
+            expected = len(tests)  # what its JUnit report lists, for the report only
+        else:
+            tests, log, scores = await self._run_tests(task, tree, flags, details)
+            expected = await self.expected_tests(task)
         components.update(scores)
-        tests = _test_results(run, expected)
         passed = sum(t.outcome == "passed" for t in tests)
-        _judge(run, tests, expected, flags, details, _counted(task.config.grading))
-        scoring = task.config.grading.scoring
-        listed = listed_components(task.config.grading, tests)
-        components.update(listed)
-        whole = all(v == 1.0 for v in listed.values())  # resolved: SWE-bench's test
-        components["tests"] = float(
-            passed / expected if scoring == "fraction" else
-            whole if scoring == "listed" else passed == expected and whole)
         # Lint and rules judge working code: scaled by the tests' score, a clean change that
         # solves nothing earns nothing on them (red team, round thirty-three: a constant stub
         # took the example's lint and rules, a fifth of its reward).
@@ -218,7 +217,54 @@ class Grader:
         return RewardResult(
             reward=min(1.0, max(0.0, reward)), components=components, tests_passed=passed,
             tests_total=expected, flags=sorted(flags), details=details, tests=tests,
-            changed_files=screened.changed, duration_s=time.perf_counter() - start, log=run.log)
+            changed_files=screened.changed, duration_s=time.perf_counter() - start, log=log)
+
+    async def _run_tests(self, task: Task, tree: FileTree, flags: set[str], details: list[str]
+                         ) -> tuple[list[TestResult], str, dict[str, float]]:
+        """The hidden tests under the launcher (and the verifiers): per-test results, the
+        run's log, and the components they give."""
+        expected = await self.expected_tests(task)
+        run, scores = await self._run(task, tree, flags, details)
+        tests = _test_results(run, expected)
+        passed = sum(t.outcome == "passed" for t in tests)
+        _judge(run, tests, expected, flags, details, _counted(task.config.grading))
+        scoring = task.config.grading.scoring
+        listed = listed_components(task.config.grading, tests)
+        scores.update(listed)
+        whole = all(v == 1.0 for v in listed.values())  # resolved: SWE-bench's test
+        scores["tests"] = float(
+            passed / expected if scoring == "fraction" else
+            whole if scoring == "listed" else passed == expected and whole)
+        return tests, run.log, scores
+
+    async def _run_script(self, task: Task, tree: FileTree, flags: set[str],
+                          details: list[str]) -> tuple[list[TestResult], str, dict[str, float]]:
+        """The task's test script (``script.py``) in a fresh grading sandbox of the screened
+        workspace, the hidden tests read-only at ``tests_dir`` (and the protected paths, as
+        for the tests), then the verifiers: per-test results from its JUnit report, its
+        log, and the components."""
+        grading, spec = task.config.grading, grading_spec(task)
+        sb = await create_sandbox(spec)
+        try:
+            await tree.write_into(sb)
+            await task.tests.write_into(sb, grading.tests_dir)
+            sealed = [grading.tests_dir, *sealed_paths(task, tree)]
+            # (harbor's /tests is a mount point of its own: nothing renames it away)
+            await sb.make_readonly(*sealed, pin=parents([p for p in sealed
+                                                         if not p.startswith("/")]))
+            run = await run_script(sb, grading, spec.output_limit_bytes)
+        finally:
+            await sb.close()
+        for flag, detail in run.notes:
+            flags.add(flag)
+            details.append(f"{flag}: {detail}")
+        if run.timed_out:
+            flags.add("timeout")
+        elif run.oom:
+            flags.add("oom")
+        scores = dict(run.scores)
+        scores.update(await self._verifiers(task, tree, spec, flags, details))
+        return run.tests, run.log, scores
 
     def _forks(self, task: Task) -> bool:
         """Whether ``task`` is graded by the zygote (``_run_forked``)."""
@@ -267,6 +313,13 @@ class Grader:
                                      isolation=isolation, sealed=sealed_paths(task, tree))
         finally:
             await launcher.sb.close()
+        scores = await self._verifiers(task, tree, spec, flags, details)
+        return await self._again_in_one_process(task, tree, flags, details, isolation, run,
+                                                scores)
+
+    async def _verifiers(self, task: Task, tree: FileTree, spec: SandboxSpec, flags: set[str],
+                         details: list[str]) -> dict[str, float]:
+        """Every verifier of the task, each in a sandbox of its own: their components."""
         scores: dict[str, float] = {}
         for verifier in task.config.verifiers:
             got, problem, audit = await self._verify(task, tree, spec, verifier)
@@ -279,8 +332,7 @@ class Grader:
             if problem:
                 flags.add("verifier_error")
                 details.append(f"verifier_error: {verifier.name}: {problem}")
-        return await self._again_in_one_process(task, tree, flags, details, isolation, run,
-                                                scores)
+        return scores
 
     async def _verify(self, task: Task, tree: FileTree, spec: SandboxSpec,
                       verifier: VerifierConfig

@@ -33,6 +33,7 @@ TAMPER: dict[str, str] = {
                        "test passed without its function running to its end, or what decides "
                        "outcomes was replaced",
     "forged_report": "a report line failed its authentication",
+    "reward_replaced": "a program the test script ran replaced its reward file with its own",
 }
 NOTES: dict[str, str] = {
     "timeout": "the tests did not finish within grading.timeout_s",
@@ -50,6 +51,8 @@ NOTES: dict[str, str] = {
     "binary_dropped": "a compiled module was dropped (the task does not allow binaries)",
     "path_conflict": "an added file clashed with a directory of the graded tree (dropped)",
     "guard_error": "the grading guard failed on an event of the test process (see details)",
+    "no_reward": "the test script left no valid reward (reward.txt or reward.json): 0",
+    "junit_ignored": "the test script's junit.xml could not be read (outcomes not listed)",
 }
 
 TestOutcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]

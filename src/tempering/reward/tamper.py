@@ -119,7 +119,9 @@ def _drop_conflicts(pristine: FileTree, out: Screened, tests_dir: str) -> None:
     agent's own."""
     graded = {p for p in pristine if p not in out.applied} | {
         p for p, data in out.applied.items() if data is not None}
-    directories = _directories(graded) | _directories([f"{tests_dir.strip('/')}/"])
+    # (A tests directory outside the workdir, harbor's /tests, is no directory of the tree.)
+    directories = _directories(graded) | (
+        set() if tests_dir.startswith("/") else _directories([f"{tests_dir}/"]))
     clashing = sorted(p for p, data in out.applied.items() if data is not None and (
         p in directories or any(p[:i] in graded for i, c in enumerate(p) if c == "/")))
     for path in clashing:  # (dropping files makes no new clash)

@@ -40,11 +40,21 @@ def _publish(path: Path, data: bytes, mode: int) -> None:
 @cache
 def native_binary(name: str) -> Path:
     """Path of the compiled ``<name>.c`` shipped with this package, building it if needed."""
+    return _build(name, [["-static"], []], "")  # static when libc.a is there, else dynamic
+
+
+@cache
+def native_library(name: str) -> Path:
+    """Path of ``<name>.c`` built as a shared library (for LD_PRELOAD: ``execguard.c``)."""
+    return _build(name, [["-shared", "-fPIC"]], ".so")
+
+
+def _build(name: str, variants: list[list[str]], suffix: str) -> Path:
     package = resources.files("tempering.sandbox")
     source = package.joinpath(f"{name}.c").read_bytes()
     headers = {h: package.joinpath(h).read_bytes() for h in HEADERS}
     digest = hashlib.sha256(source + b"".join(headers.values())).hexdigest()[:16]
-    dest = home() / "bin" / f"tempering-{name}-{digest}"
+    dest = home() / "bin" / f"tempering-{name}-{digest}{suffix}"
     if dest.exists():
         return dest
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -60,7 +70,7 @@ def native_binary(name: str) -> Path:
         for header, text in headers.items():
             (Path(tmp) / header).write_bytes(text)
         errors = ""
-        for extra in (["-static"], []):  # static when libc.a is there, else dynamic
+        for extra in variants:
             proc = subprocess.run([compiler, "-O2", "-Wall", *extra, "-o", str(out), str(src)],
                                   capture_output=True, text=True)
             if proc.returncode == 0:

@@ -24,13 +24,22 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tempering.errors import ConfigError
 from tempering.sandbox import Sandbox, SandboxSpec
 from tempering.tasks.files import FileTree, Limits, check_path
 
 BUILTIN_COMPONENTS = ("tests", "lint", "rules", "fail_to_pass", "pass_to_pass")
+HARBOR_TESTS = "/tests"  # where a harbor task's verifier finds its tests (sandbox/host.py)
 
 
 def pytest_args(command: str) -> list[str]:
@@ -61,18 +70,28 @@ class TaskInfo(_Model):
 
 
 class GradingConfig(_Model):
+    runner: Literal["pytest", "plain", "script"] = "pytest"
+    """``pytest``: the command's pytest, under the grader's launcher. ``plain``: test functions
+    and ``Test*`` classes without fixtures are called directly, with the same report and
+    checks but without pytest's start-up (about 150 ms of CPU a grading); the command then
+    gives paths only. ``script``: the command is the task's own test script (``bash
+    tests/test.sh``, any language), run in the workdir; it writes its reward to
+    ``$VERIFIER_DIR/reward.txt`` (a number) or ``reward.json`` (``reward`` and named
+    components), as harbor's do (``reward/script.py``)."""
     command: str = "python3 -m pytest tests"
     """A pytest invocation (``python3 -m pytest`` or ``pytest``, then paths and options); the
     grader runs it under its own launcher, configuration and report, never the workspace's."""
     timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 60.0
     """Wall-clock limit of the test run; tests not finished by then fail."""
-    runner: Literal["pytest", "plain"] = "pytest"
-    """``pytest``: the command's pytest, under the grader's launcher. ``plain``: test functions
-    and ``Test*`` classes without fixtures are called directly, with the same report and
-    checks but without pytest's start-up (about 150 ms of CPU a grading); the command then
-    gives paths only."""
+    components: list[str] = []
+    """For ``runner = "script"``: the components ``reward.json`` gives beside ``reward`` that
+    the task weighs (a name reward.json lacks scores 0)."""
+    env: dict[str, str] = {}
+    """For ``runner = "script"``: environment variables of the test script (never the
+    agent's)."""
     tests_dir: str = "tests"
-    """Where the hidden tests are placed in the grading sandbox, relative to the workdir."""
+    """Where the hidden tests are placed in the grading sandbox, relative to the workdir; for
+    ``runner = "script"`` also ``/tests`` (harbor's place, outside the workdir)."""
     scoring: Literal["fraction", "all", "listed"] = "fraction"
     """``fraction``: the tests component is passed / expected; ``all``: 1 only if all pass;
     ``listed``: 1 only if every test of ``fail_to_pass`` and ``pass_to_pass`` passed (SWE-bench's
@@ -108,7 +127,25 @@ class GradingConfig(_Model):
     whole: the instance is resolved."""
 
     @model_validator(mode="after")
-    def _plain_takes_paths(self) -> GradingConfig:
+    def _runner_command(self) -> GradingConfig:
+        if self.runner == "script":
+            if not self.command.strip():
+                raise ValueError("grading.command is empty: give the test script's command, "
+                                 "e.g. 'bash tests/test.sh'")
+            pytest_only = [name for name in ("fail_to_pass", "pass_to_pass", "expected_tests")
+                           if getattr(self, name)]
+            if pytest_only or self.scoring != "fraction" or self.isolation != "auto":
+                raise ValueError(f"grading.{(pytest_only or ['scoring or isolation'])[0]} is for "
+                                 "the pytest and plain runners; a test script writes its own "
+                                 "reward")
+            for name in self.components:
+                if not name.isidentifier() or keyword.iskeyword(name) or (
+                        name in BUILTIN_COMPONENTS):
+                    raise ValueError(f"grading.components: {name!r} must be an identifier "
+                                     f"other than {', '.join(BUILTIN_COMPONENTS)}")
+            return self
+        if self.components or self.env:
+            raise ValueError("grading.components and grading.env are for runner 'script'")
         options = [a for a in pytest_args(self.command) if a.startswith("-")]
         if self.runner == "plain" and options:
             raise ValueError(f"runner 'plain' takes test paths only, not {' '.join(options)}: "
@@ -138,16 +175,19 @@ class GradingConfig(_Model):
                              "cases); a test is in one or the other")
         return self
 
-    @field_validator("tests_dir")
-    @classmethod
-    def _relative(cls, value: str) -> str:
-        return check_path(value)
-
     @field_validator("command")
     @classmethod
-    def _pytest(cls, value: str) -> str:
-        pytest_args(value)  # raises ValueError naming what is not a pytest invocation
+    def _pytest(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("runner") != "script":
+            pytest_args(value)  # raises ValueError naming what is not a pytest invocation
         return value
+
+    @field_validator("tests_dir")
+    @classmethod
+    def _relative(cls, value: str, info: ValidationInfo) -> str:
+        if value.rstrip("/") == HARBOR_TESTS and info.data.get("runner") == "script":
+            return HARBOR_TESTS
+        return check_path(value)
 
 
 def _overlap(first: list[str], second: list[str]) -> list[str]:
@@ -237,7 +277,13 @@ class TaskConfig(_Model):
 
     @model_validator(mode="after")
     def _known_components(self) -> TaskConfig:
-        known = [*BUILTIN_COMPONENTS, *(c for v in self.verifiers for c in v.component_names)]
+        clash = set(self.grading.components) & {c for v in self.verifiers
+                                                for c in v.component_names}
+        if clash:
+            raise ValueError(f"component {sorted(clash)[0]!r} is both a verifier's and the "
+                             "test script's (grading.components)")
+        known = [*BUILTIN_COMPONENTS, *(c for v in self.verifiers for c in v.component_names),
+                 *self.grading.components]
         for name in self.reward:
             if name not in known:
                 raise ValueError(f"reward weight for unknown component {name!r}: choose from "

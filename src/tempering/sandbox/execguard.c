@@ -1,0 +1,393 @@
+/* execguard: loaded (LD_PRELOAD) into the shell that runs a task's test script, so that no
+ * program the script starts can write one directory: the one its verdict is kept in.
+ *
+ * The shell itself keeps every right: its own redirections (`echo 1 > FILE`) write the
+ * verdict, as do its forks that run no program (subshells). Every program it starts is
+ * exec'd under a Landlock domain in which nothing below $TEMPERING_GUARDED can be created,
+ * written, truncated, removed, linked or renamed (everything else can, as before), and which
+ * the program and everything it starts inherit, whatever they are linked against or do to
+ * their environment: the kernel keeps the domain, not this library (which the program does
+ * not load: LD_PRELOAD and the TEMPERING_GUARD variables are taken out of its environment).
+ * Landlock also keeps a program in the domain from tracing the shell or writing its memory
+ * (ptrace, /proc/PID/mem) and, with ABI 6, from signalling it.
+ *
+ * The shell itself may reach the files it keeps its verdict in (TEMPERING_GUARD_KEEP: a list
+ * of LINK=FILE, each FILE below $TEMPERING_GUARDED and LINK the name the script writes it by)
+ * only by those names: an open of the shell's (or of its forks, before they exec) that lands
+ * on a kept FILE is refused (EACCES) unless the path it was given is LINK's directory and name
+ * and LINK is still the link it was when the shell started. A program cannot write the
+ * verdict, but it can plant a link anywhere it writes (/tmp/out.txt -> FILE) and wait for the
+ * shell's `prog > /tmp/out.txt` to open it (red team, round forty-five).
+ *
+ * The first program the shell execs in its own place (`bash -c 'bash tests/test.sh'`, which
+ * bash runs by exec) becomes the shell, and loads this library again; any later one is
+ * restricted like a child's. An exec that cannot be restricted fails (EPERM): fail closed.
+ *
+ * TEMPERING_GUARD_PROBE set: the library's constructor exits at once with 97 when Landlock
+ * can be used here, 98 when not, before the program runs (the grader's check that the shell
+ * of this environment loads it).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/landlock.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <limits.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef LANDLOCK_ACCESS_FS_REFER
+#define LANDLOCK_ACCESS_FS_REFER (1ULL << 13)
+#endif
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+#define SCOPE_SIGNAL (1ULL << 1)
+
+/* landlock_ruleset_attr as of ABI 6 (older headers lack the last two fields); the size given
+ * to the kernel is what the running ABI knows. */
+struct ruleset_attr {
+    uint64_t handled_access_fs;
+    uint64_t handled_access_net;
+    uint64_t scoped;
+};
+
+extern char **environ;
+
+static char guarded[512];   /* absolute, normalised: the directory no program may write */
+static int is_shell;        /* this process is the script's shell (or became it by exec) */
+static pid_t shell_pid;
+static int restricted;      /* this process already is in the domain */
+
+/* The kept files and the links the script writes them by. */
+#define MAX_KEPT 4
+static struct kept {
+    dev_t dev; ino_t ino;            /* the kept file */
+    dev_t link_dev; ino_t link_ino;  /* its link, as the shell found it */
+    char dir[PATH_MAX];              /* the link's directory, resolved */
+    char name[256];                  /* the link's name */
+} kept[MAX_KEPT];
+static int kept_count;
+
+static long landlock_abi(void) {
+    return syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+}
+
+static uint64_t write_rights(long abi) {
+    uint64_t rights = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR |
+        LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR |
+        LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+        LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
+        LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
+    if (abi >= 2) rights |= LANDLOCK_ACCESS_FS_REFER;
+    if (abi >= 3) rights |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    return rights;
+}
+
+/* Grant `rights` on every entry of directory `dir` but `skip`. */
+static int grant_siblings(int ruleset, const char *dir, const char *skip, uint64_t rights,
+                          uint64_t file_rights) {
+    DIR *d = opendir(dir);
+    if (d == NULL) return -1;
+    struct dirent *e;
+    char path[1024];
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, skip))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", strcmp(dir, "/") ? dir : "", e->d_name);
+        int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;  /* gone, or unreachable: nothing to grant */
+        struct landlock_path_beneath_attr rule = {
+            .allowed_access = e->d_type == DT_DIR ? rights : file_rights,
+            .parent_fd = fd };
+        if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
+            rule.allowed_access = file_rights;  /* a link's or odd entry's own inode */
+        }
+        if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0) {
+            rule.allowed_access = file_rights;  /* not a directory after all */
+            if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule,
+                        0) < 0 && errno != EINVAL) {
+                close(fd);
+                closedir(d);
+                return -1;
+            }
+        }
+        close(fd);
+    }
+    closedir(d);
+    return 0;
+}
+
+/* This process, from now on: no write of any kind below `guarded`. */
+static int restrict_self(void) {
+    if (restricted) return 0;
+    long abi = landlock_abi();
+    if (abi < 1) return -1;
+    uint64_t rights = write_rights(abi);
+    uint64_t file_rights = LANDLOCK_ACCESS_FS_WRITE_FILE |
+        (abi >= 3 ? LANDLOCK_ACCESS_FS_TRUNCATE : 0);
+    struct ruleset_attr attr = { .handled_access_fs = rights };
+    size_t size = abi >= 6 ? sizeof attr : abi >= 4 ? 2 * sizeof(uint64_t) : sizeof(uint64_t);
+    if (abi >= 6) attr.scoped = SCOPE_SIGNAL;
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
+    if (ruleset < 0) return -1;
+    /* Walk down to the guarded directory: at each level, everything but the next step. */
+    char prefix[512] = "/", component[256];
+    const char *rest = guarded + 1;
+    int ok = 0;
+    while (ok == 0 && *rest) {
+        const char *slash = strchr(rest, '/');
+        size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+        if (n == 0 || n >= sizeof component) { ok = -1; break; }
+        memcpy(component, rest, n);
+        component[n] = 0;
+        ok = grant_siblings(ruleset, prefix, component, rights, file_rights);
+        if (strcmp(prefix, "/")) strncat(prefix, "/", sizeof prefix - strlen(prefix) - 1);
+        strncat(prefix, component, sizeof prefix - strlen(prefix) - 1);
+        rest = slash ? slash + 1 : rest + n;
+    }
+    if (ok == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ok = -1;
+    if (ok == 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) ok = -1;
+    close(ruleset);
+    if (ok == 0) restricted = 1;
+    return ok;
+}
+
+/* Whether `path` (as given to openat with `dirfd`) names kept file `k` by its link. */
+static int by_its_link(int dirfd, const char *path, const struct kept *k) {
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (strcmp(name, k->name) != 0) return 0;
+    char parent[PATH_MAX], resolved[PATH_MAX];
+    if (slash == path) snprintf(parent, sizeof parent, "/");
+    else if (slash != NULL && path[0] == '/')
+        snprintf(parent, sizeof parent, "%.*s", (int)(slash - path), path);
+    else if (dirfd == AT_FDCWD)
+        snprintf(parent, sizeof parent, "./%.*s", slash ? (int)(slash - path) : 0, path);
+    else
+        snprintf(parent, sizeof parent, "/proc/self/fd/%d/%.*s", dirfd,
+                 slash ? (int)(slash - path) : 0, path);
+    if (realpath(parent, resolved) == NULL || strcmp(resolved, k->dir) != 0) return 0;
+    struct stat link;
+    return fstatat(dirfd, path, &link, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(link.st_mode)
+        && link.st_dev == k->link_dev && link.st_ino == k->link_ino;
+}
+
+/* An open of the shell's: refused where it reaches a kept file by any way but its link. */
+static int checked_open(int dirfd, const char *path, int flags, mode_t mode) {
+    int fd = (int)syscall(SYS_openat, dirfd, path, flags, mode);
+    if (fd < 0 || kept_count == 0 || restricted) return fd;
+    struct stat st;
+    if (fstat(fd, &st) < 0) return fd;
+    for (int i = 0; i < kept_count; i++) {
+        if (st.st_dev == kept[i].dev && st.st_ino == kept[i].ino
+            && !by_its_link(dirfd, path, &kept[i])) {
+            close(fd);
+            errno = EACCES;
+            return -1;
+        }
+    }
+    return fd;
+}
+
+static mode_t mode_of(int flags, va_list args) {
+    return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(args, mode_t) : 0;
+}
+
+int open(const char *path, int flags, ...) {
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = mode_of(flags, args);
+    va_end(args);
+    return checked_open(AT_FDCWD, path, flags, mode);
+}
+
+int open64(const char *path, int flags, ...) {
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = mode_of(flags, args);
+    va_end(args);
+    return checked_open(AT_FDCWD, path, flags, mode);
+}
+
+int openat(int dirfd, const char *path, int flags, ...) {
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = mode_of(flags, args);
+    va_end(args);
+    return checked_open(dirfd, path, flags, mode);
+}
+
+int openat64(int dirfd, const char *path, int flags, ...) {
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = mode_of(flags, args);
+    va_end(args);
+    return checked_open(dirfd, path, flags, mode);
+}
+
+int __open_2(const char *path, int flags) { return checked_open(AT_FDCWD, path, flags, 0); }
+int __open64_2(const char *path, int flags) { return checked_open(AT_FDCWD, path, flags, 0); }
+int __openat_2(int dirfd, const char *path, int flags) {
+    return checked_open(dirfd, path, flags, 0);
+}
+int __openat64_2(int dirfd, const char *path, int flags) {
+    return checked_open(dirfd, path, flags, 0);
+}
+
+int creat(const char *path, mode_t mode) {
+    return checked_open(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+}
+
+int creat64(const char *path, mode_t mode) {
+    return checked_open(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+}
+
+/* TEMPERING_GUARD_KEEP="LINK=FILE:LINK=FILE": record each kept file and its link. */
+static void keep(const char *spec) {
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", spec);
+    for (char *item = strtok(copy, ":"); item && kept_count < MAX_KEPT; item = strtok(NULL, ":")) {
+        char *eq = strchr(item, '=');
+        if (eq == NULL) continue;
+        *eq = 0;
+        const char *link = item, *file = eq + 1;
+        struct kept *k = &kept[kept_count];
+        struct stat st, lst;
+        const char *slash = strrchr(link, '/');
+        if (slash == NULL || stat(file, &st) < 0 || lstat(link, &lst) < 0) continue;
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof parent, "%.*s", (int)(slash - link), link);
+        if (realpath(parent[0] ? parent : "/", k->dir) == NULL) continue;
+        snprintf(k->name, sizeof k->name, "%s", slash + 1);
+        k->dev = st.st_dev; k->ino = st.st_ino;
+        k->link_dev = lst.st_dev; k->link_ino = lst.st_ino;
+        kept_count++;
+    }
+}
+
+static int ours(const char *entry) {
+    return !strncmp(entry, "LD_PRELOAD=", 11) || !strncmp(entry, "TEMPERING_GUARD", 15);
+}
+
+/* The environment a restricted program gets: ours taken out. */
+static char **without_ours(char *const envp[]) {
+    size_t n = 0;
+    while (envp && envp[n]) n++;
+    char **out = calloc(n + 1, sizeof *out);
+    if (out == NULL) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!ours(envp[i])) out[k++] = envp[i];
+    return out;
+}
+
+static int guarded_exec(int dirfd, const char *path, char *const argv[], char *const envp[],
+                        int flags) {
+    char *const *env = envp;
+    if (!is_shell)  /* loaded with nothing to guard: as if it were not */
+        return (int)syscall(SYS_execveat, dirfd, path, argv, envp, flags);
+    if (is_shell && getpid() == shell_pid && getenv("TEMPERING_GUARD_EXECED") == NULL) {
+        /* The shell execs in its own place for the first time: the program becomes it. */
+        setenv("TEMPERING_GUARD_EXECED", "1", 1);
+        size_t n = 0;
+        while (envp && envp[n]) n++;
+        char **with = calloc(n + 2, sizeof *with);
+        if (with == NULL) { errno = ENOMEM; return -1; }
+        for (size_t i = 0; i < n; i++) with[i] = envp[i];
+        with[n] = "TEMPERING_GUARD_EXECED=1";
+        if (dirfd == AT_FDCWD && flags == 0) return (int)syscall(SYS_execve, path, argv, with);
+        return (int)syscall(SYS_execveat, dirfd, path, argv, with, flags);
+    }
+    if (restrict_self() < 0) {
+        errno = EPERM;
+        return -1;
+    }
+    char **clean = without_ours(envp);
+    if (clean != NULL) env = clean;
+    if (dirfd == AT_FDCWD && flags == 0) return (int)syscall(SYS_execve, path, argv, env);
+    return (int)syscall(SYS_execveat, dirfd, path, argv, env, flags);
+}
+
+int execve(const char *path, char *const argv[], char *const envp[]) {
+    return guarded_exec(AT_FDCWD, path, argv, envp, 0);
+}
+
+int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
+    return guarded_exec(dirfd, path, argv, envp, flags);
+}
+
+int fexecve(int fd, char *const argv[], char *const envp[]) {
+    return guarded_exec(fd, "", argv, envp, AT_EMPTY_PATH);
+}
+
+int execv(const char *path, char *const argv[]) {
+    return guarded_exec(AT_FDCWD, path, argv, environ, 0);
+}
+
+/* The p-variants search PATH here (glibc's would reach the kernel by an internal name). */
+int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    if (strchr(file, '/') != NULL) return guarded_exec(AT_FDCWD, file, argv, envp, 0);
+    const char *search = getenv("PATH");
+    if (search == NULL) search = "/usr/local/bin:/usr/bin:/bin";
+    char path[4096];
+    int seen_eacces = 0;
+    for (const char *p = search; ; ) {
+        const char *end = strchr(p, ':');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        snprintf(path, sizeof path, "%.*s%s%s", (int)n, p, n ? "/" : "", file);
+        guarded_exec(AT_FDCWD, path, argv, envp, 0);
+        if (errno == EACCES) seen_eacces = 1;
+        else if (errno != ENOENT && errno != ENOTDIR) return -1;
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    errno = seen_eacces ? EACCES : ENOENT;
+    return -1;
+}
+
+int execvp(const char *file, char *const argv[]) {
+    return execvpe(file, argv, environ);
+}
+
+int posix_spawn(void *pid, const char *path, const void *actions, const void *attr,
+                char *const argv[], char *const envp[]) {
+    (void)pid; (void)path; (void)actions; (void)attr; (void)argv; (void)envp;
+    return EPERM;  /* its child would exec unseen by execve above */
+}
+
+int posix_spawnp(void *pid, const char *file, const void *actions, const void *attr,
+                 char *const argv[], char *const envp[]) {
+    (void)pid; (void)file; (void)actions; (void)attr; (void)argv; (void)envp;
+    return EPERM;
+}
+
+__attribute__((constructor)) static void start(void) {
+    if (getenv("TEMPERING_GUARD_PROBE") != NULL) _exit(landlock_abi() >= 1 ? 97 : 98);
+    const char *dir = getenv("TEMPERING_GUARDED");
+    if (dir == NULL || dir[0] != '/' || strlen(dir) >= sizeof guarded || strstr(dir, "//")
+        || strstr(dir, "/./") || strstr(dir, "/../")) {
+        /* No directory to guard: nothing this library should do (and a program that loaded
+         * it by its own choice gets nothing from it). */
+        return;
+    }
+    strcpy(guarded, dir);
+    size_t n = strlen(guarded);
+    if (n > 1 && guarded[n - 1] == '/') guarded[n - 1] = 0;
+    is_shell = 1;
+    shell_pid = getpid();
+    const char *keep_spec = getenv("TEMPERING_GUARD_KEEP");
+    if (keep_spec != NULL) keep(keep_spec);
+}

@@ -1,0 +1,422 @@
+"""Tasks graded by their own test scripts (``grading.runner = "script"``), modelled on
+Terminal-Bench's: a CLI a bash script checks, a failing C build to fix, a service whose config
+needs repair, a pytest suite with a JUnit report. Each is graded for real (bash, cc, python3 in
+a fresh grading sandbox); the reference scores 1, the untouched workspace 0. Then the tested
+code attacks the verdict in every way a program the script runs could: it writes the reward
+files, replaces them, leaves a writer behind, traces or signals the script's shell, rewrites
+the guard, forges the JUnit report, edits the hidden script; none of it earns anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tempering.errors import ConfigError
+from tempering.reward import Grader, RewardResult
+from tempering.sandbox import SandboxSpec, open_sandbox
+from tempering.tasks import Task, load_task
+from tempering.tasks.task import GradingConfig
+from tempering.tasks.validate import validate_task
+
+CLI_TEST = """#!/bin/bash
+# Terminal-Bench style: run the CLI, compare, write the reward on every path.
+printf 'a b c\\nd  e\\n' > /tmp/in.txt
+out=$(python3 count.py /tmp/in.txt 2>/dev/null)
+if [ "$out" = "5" ]; then
+  echo 1 > "$VERIFIER_DIR/reward.txt"
+else
+  echo 0 > "$VERIFIER_DIR/reward.txt"
+fi
+"""
+COUNT = "import sys\n\nprint(len(open(sys.argv[1]).read().split()))\n"
+
+C_TEST = """#!/bin/bash
+builds=0; runs=0
+if cc -O0 -o /tmp/hello main.c greet.c 2>/tmp/cc.log; then
+  builds=1
+  [ "$(/tmp/hello Ada)" = "Hello, Ada!" ] && runs=1
+fi
+printf '{"reward": %s, "builds": %s}\\n' "$runs" "$builds" > "$VERIFIER_DIR/reward.json"
+"""
+GREET_H = "#pragma once\nvoid greet(const char *name);\n"
+MAIN_C = """#include "greet.h"
+
+int main(int argc, char **argv) {
+    greet(argv[1])
+    return 0;
+}
+"""
+GREET_C = """#include <stdio.h>
+#include "greet.h"
+
+void greet(const char *name) {
+    printf("Hello, %s!\\n", name);
+}
+"""
+
+SERVICE = """import configparser
+import http.server
+
+config = configparser.ConfigParser()
+config.read("service.ini")
+port = config.getint("server", "port")
+greeting = config.get("server", "greeting")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(greeting.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+SERVICE_TEST = """#!/bin/bash
+# The service must answer on port 8080 with "ready".
+python3 server.py > /tmp/server.log 2>&1 &
+get='import urllib.request as u; print(u.urlopen("http://127.0.0.1:8080").read().decode())'
+for i in $(seq 50); do
+  got=$(python3 -c "$get" 2>/dev/null) && break
+  sleep 0.1
+done
+kill $! 2>/dev/null
+if [ "$got" = "ready" ]; then echo 1 > "$VERIFIER_DIR/reward.txt"
+else echo 0 > "$VERIFIER_DIR/reward.txt"; fi
+"""
+
+PYTEST_TEST = """#!/bin/bash
+python3 -m pytest -q -p no:cacheprovider tests/test_outputs.py \\
+  --junitxml="$VERIFIER_DIR/junit.xml"
+if [ $? -eq 0 ]; then echo 1 > "$VERIFIER_DIR/reward.txt"
+else echo 0 > "$VERIFIER_DIR/reward.txt"; fi
+"""
+OUTPUTS = """import subprocess
+
+
+def run(*args):
+    return subprocess.run(["python3", "count.py", *args], capture_output=True, text=True)
+
+
+def test_counts(tmp_path):
+    (tmp_path / "f").write_text("one two three")
+    assert run(str(tmp_path / "f")).stdout.strip() == "3"
+
+
+def test_empty(tmp_path):
+    (tmp_path / "f").write_text("")
+    assert run(str(tmp_path / "f")).stdout.strip() == "0"
+"""
+
+
+def write_task(root: Path, toml: str, tests: dict[str, str], workspace: dict[str, str],
+               solution: dict[str, str]) -> Task:
+    for name, files in (("tests", tests), ("workspace", workspace), ("solution", solution)):
+        for path, text in files.items():
+            (root / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / path).write_text(text)
+    (root / "instruction.md").write_text("Make the test script pass.\n")
+    (root / "task.toml").write_text(toml)
+    return load_task(root)
+
+
+def script_toml(name: str, extra: str = "", backend: str = "local") -> str:
+    return (f'[task]\nid = "{name}"\n\n[sandbox]\nbackend = "{backend}"\nmemory_mb = 512\n\n'
+            f'[grading]\nrunner = "script"\ncommand = "bash tests/test.sh"\ntimeout_s = 30\n'
+            f"{extra}")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Task:
+    return write_task(tmp_path / "cli", script_toml("wordcount-cli"), {"test.sh": CLI_TEST},
+                      {"README.md": "Write count.py: print the number of words in a file.\n"},
+                      {"count.py": COUNT})
+
+
+async def graded(task: Task, changes: dict[str, str]) -> RewardResult:
+    async with Grader() as grader:
+        return await grader.grade_files(task, task.workspace.overlay(
+            {p: t.encode() for p, t in changes.items()}))
+
+
+async def test_terminal_bench_style_tasks_grade_solution_1_untouched_0(
+        tmp_path: Path, cli: Task) -> None:
+    build = write_task(tmp_path / "build", script_toml("c-build", 'components = ["builds"]\n'
+                                                       "\n[reward]\ntests = 3.0\nbuilds = 1.0\n"),
+                       {"test.sh": C_TEST}, {"main.c": MAIN_C, "greet.c": GREET_C,
+                                             "greet.h": GREET_H},
+                       {"main.c": MAIN_C.replace("argv[1])", "argv[1]);")})
+    service = write_task(tmp_path / "service", script_toml("service-config"),
+                         {"test.sh": SERVICE_TEST},
+                         {"server.py": SERVICE,
+                          "service.ini": "[server]\nport = 8000\ngreeting = ready\n"},
+                         {"service.ini": "[server]\nport = 8080\ngreeting = ready\n"})
+    suite = write_task(tmp_path / "suite", script_toml("pytest-suite"),
+                       {"test.sh": PYTEST_TEST, "test_outputs.py": OUTPUTS}, {},
+                       {"count.py": COUNT})
+    async with Grader() as grader:
+        for task in (cli, build, service, suite):
+            validation = await validate_task(task, grader)
+            assert validation.ok, (task.id, validation.problems,
+                                   validation.solution and validation.solution.log)
+            assert validation.solution is not None and validation.solution.flags == []
+        half = await grader.grade_files(build, build.workspace.overlay(  # builds, prints wrong
+            {"main.c": MAIN_C.replace("argv[1])", "\"Bob\");").encode()}))
+    assert (half.components["tests"], half.components["builds"], half.reward) == (0.0, 1.0, 0.25)
+    solved = validation.solution  # the pytest suite: per-test outcomes from its JUnit report
+    assert solved is not None
+    assert [(t.id.rsplit("::", 1)[1], t.outcome) for t in solved.tests] == [
+        ("test_counts", "passed"), ("test_empty", "passed")]
+    assert validation.untouched is not None
+    assert {t.outcome for t in validation.untouched.tests} == {"failed"}
+
+
+WRITES_REWARD = COUNT.replace("print(", """import json, os
+d = os.environ["VERIFIER_DIR"]
+for name, text in (("reward.txt", "1"), ("reward.json", json.dumps({"reward": 1}))):
+    try:
+        open(os.path.join(d, name), "w").write(text)
+    except OSError:
+        pass
+try:
+    open("/logs/.tempering/reward.txt", "w").write("1")
+except OSError:
+    pass
+print(-1 + """)
+
+REPLACES_LINK = COUNT.replace("print(", """import os
+d = os.environ["VERIFIER_DIR"]
+os.remove(os.path.join(d, "reward.txt"))
+open(os.path.join(d, "reward.txt"), "w").write("1")
+print(-1 + """)
+
+LEAVES_A_WRITER = COUNT.replace("print(", """import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(1)
+        names = ["/logs/.tempering/reward.txt", os.environ["VERIFIER_DIR"] + "/reward.txt"]
+        end = time.monotonic() + 10
+        while time.monotonic() < end:  # the shell writes 0: put 1 back at once, by any name
+            for path in names:
+                try:
+                    if open(path).read() != "1":
+                        open(path, "w").write("1")
+                except OSError:
+                    pass
+    os._exit(0)
+print(-1 + """)
+
+ATTACKS_THE_SHELL = COUNT.replace("print(", """import ctypes, os, signal
+shell = os.getppid()
+while True:  # up to the script's shell (the command substitution is a fork of it)
+    stat = open(f"/proc/{shell}/stat").read()
+    if "bash" in open(f"/proc/{shell}/cmdline").read() and "test.sh" in open(
+            f"/proc/{shell}/cmdline").read():
+        break
+    shell = int(stat.rsplit(")", 1)[1].split()[1])
+libc = ctypes.CDLL(None, use_errno=True)
+attached = libc.ptrace(16, shell, None, None)  # PTRACE_ATTACH
+try:
+    mem = open(f"/proc/{shell}/mem", "wb")
+    opened_mem = True
+except OSError:
+    opened_mem = False
+for fd in os.listdir(f"/proc/{shell}/fd"):
+    try:
+        open(f"/proc/{shell}/fd/{fd}", "w").write("1")
+    except OSError:
+        pass
+try:
+    os.kill(shell, signal.SIGSTOP)
+    stopped = True
+except OSError:
+    stopped = False
+try:
+    open("/logs/.tempering/execguard.so", "wb").write(b"")
+    guard_rewritten = True
+except OSError:
+    guard_rewritten = False
+import sys
+print(attached, opened_mem, stopped, guard_rewritten, "LD_PRELOAD" in os.environ,
+      "execguard" in open("/proc/self/maps").read(), file=sys.stderr)
+print(-1 + """)
+
+
+@pytest.mark.parametrize("attack", [WRITES_REWARD, REPLACES_LINK, LEAVES_A_WRITER,
+                                    ATTACKS_THE_SHELL],
+                         ids=["writes-reward", "replaces-link", "leaves-a-writer",
+                              "attacks-the-shell"])
+async def test_a_program_the_script_runs_cannot_write_the_verdict(cli: Task,
+                                                                    attack: str) -> None:
+    result = await graded(cli, {"count.py": attack})
+    assert result.reward == 0.0, (result.flags, result.log)
+    assert result.components["tests"] == 0.0
+    if attack is REPLACES_LINK:
+        assert "reward_replaced" in result.flags and result.tampered
+
+
+# Round forty-five's red team: honest scripts that open files after running the tested code,
+# which planted links to the kept verdict where the shell's redirections would open them.
+CASES_TEST = """#!/bin/bash
+pass=1
+for f in tests/cases/*.in; do
+  n=$(basename "$f" .in)
+  python3 count.py "$f" > "$VERIFIER_DIR/$n.out" 2> "$VERIFIER_DIR/$n.err"
+done
+for f in tests/cases/*.in; do
+  n=$(basename "$f" .in)
+  if ! cmp -s "$VERIFIER_DIR/$n.out" "tests/cases/$n.expected"; then pass=0; fi
+done
+echo $pass > "$VERIFIER_DIR/reward.txt"
+"""
+CASES = {"cases/1.in": "a b c\nd  e\n", "cases/1.expected": "5\n",
+         "cases/2.in": "one\n", "cases/2.expected": "1\n",
+         "cases/3.in": "z w v u x y\n", "cases/3.expected": "6\n"}
+PLANTS_IN_VERIFIER_DIR = """import os, re
+V = os.environ["VERIFIER_DIR"]
+KEPT = "/logs/.tempering/reward.txt"
+me = os.readlink("/proc/self/fd/1")
+if me == KEPT:
+    print(1)  # the shell opened the verdict as this program's stdout
+    raise SystemExit
+def plant(name, target):
+    tmp = f"{V}/.{name}.tmp"
+    os.symlink(target, tmp)
+    os.replace(tmp, f"{V}/{name}")
+m = re.match(re.escape(V) + r"/(.*?)(\\d+)(\\.\\w+)$", me)
+if m:
+    for k in range(int(m.group(2)) + 1, int(m.group(2)) + 5):
+        if not os.path.lexists(f"{V}/{m.group(1)}{k}{m.group(3)}"):
+            plant(f"{m.group(1)}{k}{m.group(3)}", KEPT)
+plant("reward.txt", "/dev/null")  # the shell's own verdict goes nowhere
+print(42)
+"""
+JSON_TEST = """#!/bin/bash
+printf 'a b c\\nd  e\\n' > /tmp/a.txt; printf 'one two\\n' > /tmp/b.txt
+runs=1; right=1
+python3 count.py /tmp/a.txt > /tmp/out_a.txt 2>/tmp/err_a.txt || runs=0
+python3 count.py /tmp/b.txt > /tmp/out_b.txt 2>/tmp/err_b.txt || runs=0
+[ "$(cat /tmp/out_a.txt)" = 5 ] || right=0
+[ "$(cat /tmp/out_b.txt)" = 2 ] || right=0
+echo "{\\"reward\\": $right, \\"runs\\": $runs}" > "$VERIFIER_DIR/reward.json"
+"""
+PLANTS_IN_TMP = """import os
+KEPT = "/logs/.tempering/reward.txt"
+if os.readlink("/proc/self/fd/1") == KEPT:
+    print(1)
+    raise SystemExit
+for name in ("out_b.txt", "out_c.txt"):
+    if not os.path.lexists(f"/tmp/{name}"):
+        os.symlink(KEPT, f"/tmp/{name}")
+print(7)
+"""
+FIFO_FOR_A_LINK = COUNT.replace("print(", """import os
+os.unlink("/logs/verifier/reward.json")
+os.mkfifo("/logs/verifier/reward.json")
+print(""")
+
+
+async def test_links_planted_for_the_shells_own_opens_earn_nothing(tmp_path: Path,
+                                                                    cli: Task) -> None:
+    cases = write_task(tmp_path / "cases", script_toml("cases"),
+                       {"test.sh": CASES_TEST, **CASES}, {"README.md": "count\n"},
+                       {"count.py": COUNT})
+    runs = write_task(tmp_path / "json", script_toml("json", 'components = ["runs"]\n\n'
+                                                     "[reward]\ntests = 3.0\nruns = 1.0\n"),
+                      {"test.sh": JSON_TEST}, {"README.md": "count\n"}, {"count.py": COUNT})
+    for task in (cases, runs):
+        assert (await graded(task, {"count.py": COUNT})).reward == 1.0, task.id
+    planted = await graded(cases, {"count.py": PLANTS_IN_VERIFIER_DIR})
+    assert planted.reward == 0.0 and "reward_replaced" in planted.flags, planted.log
+    in_tmp = await graded(runs, {"count.py": PLANTS_IN_TMP})
+    assert in_tmp.reward == 0.0 and "Permission denied" in in_tmp.log  # its open refused
+    fifo = await graded(cli, {"count.py": FIFO_FOR_A_LINK})  # an honest count, a fifo
+    assert fifo.reward == 0.0 and "reward_replaced" in fifo.flags
+
+
+async def test_the_shell_is_untouchable_from_a_program(tmp_path: Path) -> None:
+    """What ATTACKS_THE_SHELL saw: no ptrace, no /proc/PID/mem, no signal to the shell, no
+    write to the guard; and it carries neither the library nor its variable."""
+    script = CLI_TEST.replace("out=$(python3 count.py /tmp/in.txt 2>/dev/null)",
+                              "out=$(python3 count.py /tmp/in.txt 2>/tmp/seen); cat /tmp/seen")
+    task = write_task(tmp_path / "cli", script_toml("seen"), {"test.sh": script},
+                      {"README.md": "count words\n"}, {"count.py": COUNT})
+    result = await graded(task, {"count.py": ATTACKS_THE_SHELL})
+    assert "-1 False False False False False" in result.log, result.log
+
+
+async def test_nothing_of_the_agents_sandbox_reaches_the_grading(cli: Task) -> None:
+    async with open_sandbox(cli.sandbox) as sb:
+        await cli.prepare(sb)
+        r = await sb.exec("mkdir -p /logs/verifier /logs/.tempering && echo 1 > "
+                          "/logs/verifier/reward.txt && echo 1 > /logs/.tempering/reward.txt && "
+                          "printf 'print(0)\\n' > count.py && (sleep 30 &)")
+        assert r.exit_code == 0, r.stderr
+        async with Grader() as grader:
+            result = await grader.grade(cli, sb)
+    assert result.reward == 0.0 and result.flags == []
+
+
+async def test_an_edit_of_the_hidden_script_is_dropped_and_flagged(cli: Task) -> None:
+    result = await graded(cli, {"tests/test.sh": "echo 1 > $VERIFIER_DIR/reward.txt\n"})
+    assert result.reward == 0.0 and "tests_dir_edit" in result.flags
+
+
+@pytest.mark.parametrize(("written", "flag_detail"), [
+    ("echo 1.5 > $VERIFIER_DIR/reward.txt", "not a number in [0, 1]"),
+    ("echo nan > $VERIFIER_DIR/reward.txt", "not a number in [0, 1]"),
+    ("echo '[1]' > $VERIFIER_DIR/reward.json", "not an object of numbers"),
+    ("echo '{\"reward\": true}' > $VERIFIER_DIR/reward.json", "is not a number in [0, 1]"),
+    ("true", "wrote neither reward.txt nor reward.json"),
+    ("sleep 60", "timed out"),
+])
+async def test_a_verdict_that_is_no_number_scores_0_and_says_why(
+        tmp_path: Path, written: str, flag_detail: str) -> None:
+    task = write_task(tmp_path / "t", script_toml("bad-verdict").replace(
+        "timeout_s = 30", "timeout_s = 2"), {"test.sh": f"{written}\n"}, {"a.txt": "a"}, {})
+    result = await graded(task, {})
+    assert result.reward == 0.0 and "no_reward" in result.flags
+    assert any(flag_detail in d for d in result.details), result.details
+
+
+@pytest.mark.parametrize(("grading", "error"), [
+    ({"runner": "script", "command": "  "}, "grading.command is empty"),
+    ({"runner": "script", "command": "bash t.sh", "fail_to_pass": ["tests/t.py::a"]},
+     "grading.fail_to_pass is for the pytest and plain runners"),
+    ({"runner": "script", "command": "bash t.sh", "scoring": "all"},
+     "scoring or isolation is for the pytest and plain runners"),
+    ({"runner": "script", "command": "bash t.sh", "components": ["tests"]},
+     "must be an identifier other than tests"),
+    ({"command": "make test"}, "is not a pytest invocation"),
+    ({"command": "python3 -m pytest tests", "components": ["x"]},
+     "grading.components and grading.env are for runner 'script'"),
+])
+def test_script_grading_is_checked_when_loaded(grading: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        GradingConfig(**grading)  # type: ignore[arg-type]
+
+
+def test_a_weight_on_an_undeclared_script_component_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="reward weight for unknown component 'speed'"):
+        write_task(tmp_path / "t", script_toml("w", "\n[reward]\nspeed = 1.0\n"),
+                   {"test.sh": "true\n"}, {"a.txt": "a"}, {})
+
+
+@pytest.mark.docker
+@pytest.mark.slow  # CI's slow half
+async def test_a_script_task_grades_on_the_docker_backend(tmp_path: Path,
+                                                         docker_ready: None) -> None:
+    task = write_task(tmp_path / "cli", script_toml("wordcount-cli", backend="docker"),
+                      {"test.sh": CLI_TEST}, {"README.md": "count words\n"}, {"count.py": COUNT})
+    async with Grader() as grader:
+        validation = await validate_task(task, grader)
+    assert validation.ok, validation.problems
+    for attack in (WRITES_REWARD, REPLACES_LINK, LEAVES_A_WRITER, ATTACKS_THE_SHELL):
+        result = await graded(task, {"count.py": attack})
+        assert result.reward == 0.0, (result.flags, result.log)
+    assert SandboxSpec(backend="docker").backend == "docker"
