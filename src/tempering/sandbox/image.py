@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tempering.errors import SandboxUnavailableError
+from tempering.sandbox.cgroup import owner_tag
 from tempering.sandbox.engine import Engine
 
 REPOSITORY = "tempering/python"
@@ -274,3 +275,68 @@ async def build_recipe(context: Path | str, tag: str | None = None, *,
         raise SandboxUnavailableError(f"building {ref} from {context} failed: "
                                       f"{errors[-1]}{hint}")
     return ref
+
+
+@dataclass(frozen=True)
+class ImageFiles:
+    """The regular files below a directory of an image, as its containers start with them."""
+
+    files: dict[str, bytes]
+    modes: dict[str, int]
+    left_out: list[str]  # "path (why)": links, special files, past the limits
+    workdir: str  # the image's working directory ("" when it sets none)
+
+
+async def image_files(ref: str, path: str | None = None, *, max_files: int = 10_000,
+                      max_bytes: int = 256 << 20, engine: Engine | None = None) -> ImageFiles:
+    """What image ``ref`` holds below ``path`` (default: its working directory), read through a
+    created, never started container of it, which is removed after. Links and special files
+    are left out and listed, never followed; past ``max_files`` or ``max_bytes`` the reading
+    stops with the rest left out."""
+    engine = engine or Engine()
+    info = (await engine.request("GET", f"/images/{ref}/json", what=f"inspecting {ref}")).json()
+    workdir = str((info.get("Config") or {}).get("WorkingDir") or "")
+    where = path or workdir
+    if not where.startswith("/") or where == "/":
+        raise SandboxUnavailableError(f"image {ref} has no working directory to read (WORKDIR "
+                                      f"{workdir or 'unset'})")
+    created = await engine.request("POST", "/containers/create", body={
+        "Image": ref, "Cmd": ["/nonexistent"], "Entrypoint": [], "NetworkDisabled": True,
+        "Labels": {"tempering.owner": owner_tag()}}, what=f"creating a container of {ref}")
+    container = str(created.json()["Id"])
+    try:
+        data, size = [], 0
+        async for chunk in engine.stream("GET", f"/containers/{container}/archive",
+                                         params={"path": where},
+                                         what=f"reading {where} of {ref}"):
+            size += len(chunk)
+            if size > max_bytes + (16 << 20):  # the files, and room for the archive's headers
+                raise SandboxUnavailableError(f"{where} of image {ref} holds more than "
+                                              f"{max_bytes >> 20} MiB")
+            data.append(chunk)
+    finally:
+        await engine.remove(container)
+    return _archive_files(b"".join(data), workdir, max_files, max_bytes)
+
+
+def _archive_files(data: bytes, workdir: str, max_files: int, max_bytes: int) -> ImageFiles:
+    files: dict[str, bytes] = {}
+    modes: dict[str, int] = {}
+    left_out: list[str] = []
+    total = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        for member in archive:
+            name = member.name.partition("/")[2]  # the archive's top is the directory itself
+            if not name or member.isdir():
+                continue
+            if not member.isfile():
+                why = "symbolic link" if member.issym() else "not a regular file"
+                left_out.append(f"{name} ({why})")
+            elif len(files) >= max_files or total + member.size > max_bytes:
+                left_out.append(f"{name} (past the limits)")
+            else:
+                reader = archive.extractfile(member)
+                files[name] = reader.read() if reader is not None else b""
+                modes[name] = member.mode & 0o7777
+                total += member.size
+    return ImageFiles(files, modes, left_out, workdir)

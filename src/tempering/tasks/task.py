@@ -308,6 +308,9 @@ class Task:
     solution: FileTree | None = None
     verifiers: FileTree = FileTree()
     root: Path | None = None
+    solve: FileTree | None = None
+    """A harbor task's ``solution/``: ``solve.sh`` run in the agent's sandbox is the reference
+    (``solution`` holds files laid over the workspace instead)."""
 
     @property
     def id(self) -> str:
@@ -329,7 +332,8 @@ class Task:
 
         parts = [self.config.model_dump_json(), self.instruction, self.workspace.digest(),
                  self.tests.digest(), self.verifiers.digest(),
-                 self.solution.digest() if self.solution is not None else "-"]
+                 self.solution.digest() if self.solution is not None else "-",
+                 self.solve.digest() if self.solve is not None else "-"]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     async def prepare(self, sb: Sandbox) -> None:
@@ -340,9 +344,15 @@ class Task:
         return f"Task({self.id!r}, {len(self.workspace)} workspace files, {len(self.tests)} tests)"
 
 
-def load_task(path: str | Path, limits: Limits | None = None) -> Task:
-    """Load and validate a task directory; ConfigError lists every problem found."""
+def load_task(path: str | Path, limits: Limits | None = None, *,
+              backend: str | None = None) -> Task:
+    """Load and validate a task directory, ours or harbor's (``tasks/harbor.py``: ``backend``
+    picks where a harbor task runs, docker by default); ConfigError lists every problem."""
     root = Path(path)
+    from tempering.tasks.harbor import is_harbor_task, load_harbor_task
+
+    if is_harbor_task(root):
+        return load_harbor_task(root, limits, backend)
     if not (root / "task.toml").is_file():
         raise ConfigError(f"{root}: no task.toml here; a task directory holds task.toml, "
                           "instruction.md, workspace/ and tests/")

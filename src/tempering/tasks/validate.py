@@ -36,7 +36,10 @@ async def validate_task(task: Task, grader: Grader) -> Validation:
     solution = untouched = None
     try:
         untouched = await grader.grade_files(task, task.workspace)
-        if task.solution is None:
+        if task.solve is not None:
+            solution, problem = await _solved_by_script(task, grader)
+            problems += [problem] if problem else []
+        elif task.solution is None:
             problems.append("no solution/: a task needs a reference solution to be validated")
         else:
             solution = await grader.grade_files(task, task.workspace.overlay(
@@ -53,6 +56,24 @@ async def validate_task(task: Task, grader: Grader) -> Validation:
     if untouched is not None:
         problems += _listed_problems(task, untouched, solution)
     return Validation(task.id, solution, untouched, tuple(problems))
+
+
+async def _solved_by_script(task: Task, grader: Grader) -> tuple[RewardResult, str]:
+    """A harbor task's reference: ``solve.sh`` run in the agent's sandbox, which is then
+    graded as an episode's would be."""
+    from tempering.sandbox import open_sandbox
+    from tempering.tasks.harbor import SOLUTION_DIR, SOLVE_TIMEOUT_S
+
+    assert task.solve is not None
+    async with open_sandbox(task.sandbox) as sb:
+        await task.prepare(sb)
+        await task.solve.write_into(sb, SOLUTION_DIR)
+        done = await sb.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], timeout=SOLVE_TIMEOUT_S)
+        result = await grader.grade(task, sb)
+    if done.exit_code != 0:
+        return result, (f"solution/solve.sh exited with {done.exit_code}: "
+                        f"{(done.stderr or done.stdout).strip()[-300:]}")
+    return result, ""
 
 
 def _listed_problems(task: Task, untouched: RewardResult,
