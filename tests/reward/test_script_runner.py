@@ -335,6 +335,8 @@ async def test_links_planted_for_the_shells_own_opens_earn_nothing(tmp_path: Pat
     assert planted.reward == 0.0 and "reward_replaced" in planted.flags, planted.log
     in_tmp = await graded(runs, {"count.py": PLANTS_IN_TMP})
     assert in_tmp.reward == 0.0 and "Permission denied" in in_tmp.log  # its open refused
+    assert "reward_redirected" in in_tmp.flags and in_tmp.tampered
+    assert any("/tmp/out_b.txt" in d for d in in_tmp.details), in_tmp.details
     fifo = await graded(cli, {"count.py": FIFO_FOR_A_LINK})  # an honest count, a fifo
     assert fifo.reward == 0.0 and "reward_replaced" in fifo.flags
 

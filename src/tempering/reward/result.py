@@ -34,6 +34,8 @@ TAMPER: dict[str, str] = {
                        "outcomes was replaced",
     "forged_report": "a report line failed its authentication",
     "reward_replaced": "a program the test script ran replaced its reward file with its own",
+    "reward_redirected": "a link a program planted led the test script's shell to its verdict "
+                         "by another name (the open was refused)",
 }
 NOTES: dict[str, str] = {
     "timeout": "the tests did not finish within grading.timeout_s",

@@ -86,6 +86,11 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
         run.notes.append(("reward_replaced", "$VERIFIER_DIR/reward.txt or reward.json is no "
                                              "longer the link it was: a program the script "
                                              "ran put its own there"))
+    refused = await _read(sb, f"{KEPT_DIR}/refused", REWARD_FILE_LIMIT)
+    if refused:  # the guard's record: the shell opened a kept file by another name
+        names = ", ".join(sorted(set(refused.decode(errors="replace").split())))[:300]
+        run.notes.append(("reward_redirected", f"the script's shell was led to the kept verdict "
+                                               f"by another name ({names}): refused"))
     text = await _read(sb, f"{KEPT_DIR}/reward.txt", REWARD_FILE_LIMIT) or None
     data = await _read(sb, f"{KEPT_DIR}/reward.json", REWARD_FILE_LIMIT) or None
     named = _reward_json(data, grading.components, run) if data is not None else {}

@@ -185,6 +185,18 @@ static int by_its_link(int dirfd, const char *path, const struct kept *k) {
         && link.st_dev == k->link_dev && link.st_ino == k->link_ino;
 }
 
+/* A refused open, recorded where only the shell writes: $TEMPERING_GUARDED/refused. */
+static void record_refusal(const char *path) {
+    char file[PATH_MAX], line[PATH_MAX + 2];
+    snprintf(file, sizeof file, "%s/refused", guarded);
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, file,
+                          O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    int n = snprintf(line, sizeof line, "%s\n", path);
+    if (write(fd, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1)) < 0) {}
+    close(fd);
+}
+
 /* An open of the shell's: refused where it reaches a kept file by any way but its link. */
 static int checked_open(int dirfd, const char *path, int flags, mode_t mode) {
     int fd = (int)syscall(SYS_openat, dirfd, path, flags, mode);
@@ -195,6 +207,7 @@ static int checked_open(int dirfd, const char *path, int flags, mode_t mode) {
         if (st.st_dev == kept[i].dev && st.st_ino == kept[i].ino
             && !by_its_link(dirfd, path, &kept[i])) {
             close(fd);
+            record_refusal(path);
             errno = EACCES;
             return -1;
         }
