@@ -347,6 +347,113 @@ async def test_links_planted_for_the_shells_own_opens_earn_nothing(tmp_path: Pat
     assert fifo.reward == 0.0 and "reward_replaced" in fifo.flags
 
 
+# Round forty-five's second red team.
+LOG_TEST = """#!/bin/bash
+LOG="$VERIFIER_DIR/cli.log"
+printf 'a b c\\nd  e\\n' > /tmp/a.txt
+printf 'one two\\n' > /tmp/b.txt
+pass=1
+for f in a b; do
+  echo "== run $f" >> "$LOG"
+  python3 count.py /tmp/$f.txt > /tmp/out_$f.txt 2>> "$LOG" || pass=0
+done
+[ "$(cat /tmp/out_a.txt)" = 5 ] || pass=0
+[ "$(cat /tmp/out_b.txt)" = 2 ] || pass=0
+echo $pass > "$VERIFIER_DIR/reward.txt"
+"""
+APPENDS_TO_THE_GUARD = """import os
+V = os.environ["VERIFIER_DIR"]
+if os.readlink("/proc/self/fd/2").endswith("execguard.so"):
+    # The shell opened its own guard for us: the attack wrote code over its open(); here,
+    # the right count is printed only where the guard could be written.
+    os.write(2, b"")
+    os.lseek(2, 0, os.SEEK_END)
+    os.write(2, b"\\0")
+    print(2)
+else:  # the first run: the shell's next `2>> $LOG` opens the guard library
+    os.remove(f"{V}/cli.log")
+    os.symlink("/logs/.tempering/execguard.so", f"{V}/cli.log")
+    print(5)
+"""
+PY_RUNNER = """import os, subprocess, sys
+V = os.environ["VERIFIER_DIR"]
+ok = True
+for i, (text, want) in enumerate([("a b c\\nd  e\\n", "5"), ("one two\\n", "2")]):
+    with open(f"/tmp/in{i}.txt", "w") as f:
+        f.write(text)
+    r = subprocess.run([sys.executable, "count.py", f"/tmp/in{i}.txt"], capture_output=True,
+                       text=True, timeout=10)
+    ok = ok and r.returncode == 0 and r.stdout.strip() == want
+with open(f"{V}/reward.txt", "w") as f:
+    f.write("1\\n" if ok else "0\\n")
+"""
+SECOND_CHILD_WRITES = """import os
+try:  # the runner's second child: unrestricted, were the first child's restriction shared
+    with open("/logs/.tempering/reward.txt", "w") as f:
+        f.write("1\\n")
+    os.chmod("/logs/.tempering/reward.txt", 0o444)
+except OSError:
+    pass
+print(7)
+"""
+HIDDEN_TEST = """#!/bin/bash
+printf 'a b c\\nd  e\\n' > /tmp/in.txt
+if [ "$(python3 count.py /tmp/in.txt 2>/dev/null)" = 5 ]; then
+  echo 1 > "$VERIFIER_DIR/reward.txt"
+else
+  echo 0 > "$VERIFIER_DIR/reward.txt"; exit 0
+fi
+printf 'one\\n' > /tmp/h.txt
+sleep 0.5
+if [ "$(python3 count.py /tmp/h.txt 2>/dev/null)" != 1 ]; then
+  echo 0 > "$VERIFIER_DIR/reward.txt"
+fi
+"""
+FREEZES_THE_VERDICT = """import os, time
+KEPT = "/logs/.tempering/reward.txt"
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        for _ in range(400):  # once the shell wrote 1: read-only, its later 0 refused
+            try:
+                if os.path.getsize(KEPT) > 0:
+                    os.chmod(KEPT, 0o444)
+                    break
+            except OSError:
+                pass
+            time.sleep(0.005)
+    os._exit(0)
+print(5)
+"""
+
+
+def second_round_task(tmp_path: Path, name: str) -> Task:
+    command = {"py": 'command = "python3 -I tests/test.py"'}.get(name)
+    tests = {"log": {"test.sh": LOG_TEST}, "py": {"test.py": PY_RUNNER},
+             "hidden": {"test.sh": HIDDEN_TEST}}[name]
+    toml = script_toml(name)
+    if command:
+        toml = toml.replace('command = "bash tests/test.sh"', command)
+    return write_task(tmp_path / name, toml, tests, {"README.md": "count\n"},
+                      {"count.py": COUNT})
+
+
+@pytest.mark.parametrize(("name", "attack", "flag"), [
+    ("log", APPENDS_TO_THE_GUARD, "reward_redirected"),  # b1: the shell's own guard rewritten
+    ("py", SECOND_CHILD_WRITES, None),  # b3: a vfork child's restriction marked the runner's
+    ("hidden", FREEZES_THE_VERDICT, "reward_replaced"),  # b4: the kept file made read-only
+], ids=["appends-to-the-guard", "python-runner-children", "freezes-the-verdict"])
+async def test_the_second_red_team_of_round_45(tmp_path: Path, name: str, attack: str,
+                                               flag: str | None) -> None:
+    task = second_round_task(tmp_path, name)
+    assert (await graded(task, {"count.py": COUNT})).reward == 1.0
+    result = await graded(task, {"count.py": attack})
+    assert result.reward == 0.0, (result.flags, result.log)
+    assert flag is None or flag in result.flags, result.flags
+
+
 async def test_the_shell_is_untouchable_from_a_program(tmp_path: Path) -> None:
     """What ATTACKS_THE_SHELL saw: no ptrace, no /proc/PID/mem, no signal to the shell, no
     write to the guard; and it carries neither the library nor its variable."""
@@ -400,6 +507,11 @@ async def test_a_verdict_that_is_no_number_scores_0_and_says_why(
      "scoring or isolation is for the pytest and plain runners"),
     ({"runner": "script", "command": "bash t.sh", "components": ["tests"]},
      "must be an identifier other than tests"),
+    ({"runner": "script", "command": "bash tests/test.sh > /logs/verifier/out.txt 2>&1"},
+     r"is not one simple command \(> >&\)"),
+    ({"runner": "script", "command": "bash tests/test.sh | tee x"}, "not one simple command"),
+    ({"runner": "script", "command": "bash tests/test.sh; echo done"},
+     "not one simple command"),
     ({"command": "make test"}, "is not a pytest invocation"),
     ({"command": "python3 -m pytest tests", "components": ["x"]},
      "grading.components and grading.env are for runner 'script'"),

@@ -82,10 +82,18 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
     run.log = f"[test script exited with {result.exit_code}]\n{tail}"[-8000:]
     if result.truncated:
         run.log += f"\n[output over {output_limit} bytes: the middle was dropped]"
-    if await _links(sb) != links:  # replaced, by a file, a link, a fifo: not the script's
-        run.notes.append(("reward_replaced", "$VERIFIER_DIR/reward.txt or reward.json is no "
-                                             "longer the link it was: a program the script "
-                                             "ran put its own there"))
+    if await _links(sb) != links:  # replaced, by a file, a link, a fifo; a mode changed
+        run.notes.append(("reward_replaced", "$VERIFIER_DIR/reward.txt or reward.json, or the "
+                                             "file it leads to, is not as the grader made it: "
+                                             "a program the script ran replaced it or changed "
+                                             "its mode"))
+    shell = await _read(sb, f"{KEPT_DIR}/shell", REWARD_FILE_LIMIT)
+    if shell == b"pending":  # the program the command became did not load the guard
+        run.notes.append(("no_reward", "the program the command runs in the shell's place did "
+                                       "not load the grader's guard (a static binary?): its "
+                                       "programs ran unwatched, so it gives no verdict"))
+        run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
+        return run
     refused = await _read(sb, f"{KEPT_DIR}/refused", REWARD_FILE_LIMIT)
     if refused:  # the guard's record: the shell opened a kept file by another name
         names = ", ".join(sorted(set(refused.decode(errors="replace").split())))[:300]
@@ -103,7 +111,9 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
             named["tests"] = value
     if "tests" not in named and not any(flag == "no_reward" for flag, _ in run.notes):
         why = "the test script timed out" if run.timed_out else (
-            "the test script wrote neither reward.txt nor reward.json in $VERIFIER_DIR")
+            "the test script wrote neither reward.txt nor reward.json in $VERIFIER_DIR (the "
+            "shell the command runs in writes it, with its own redirection; a program it "
+            "starts cannot)")
         run.notes.append(("no_reward", why))
     run.scores = {"tests": named.get("tests", 0.0),
                   **{name: named.get(name, 0.0) for name in grading.components}}
@@ -118,6 +128,9 @@ async def _prepare(sb: Sandbox) -> str:
     to load in this sandbox's shell, before anything of the agent's runs: the links as
     they are (``_links``)."""
     await sb.write_file(GUARD, native_library("execguard").read_bytes(), 0o755)
+    # Read-only for everything inside from now on: the shell maps it, and a program that got
+    # the shell to open it for appending rewrote the shell's code (round forty-five).
+    await sb.make_readonly(GUARD)
     for name in REWARD_FILES:
         await sb.write_file(f"{KEPT_DIR}/{name}", b"", 0o644)
     links = " && ".join(f"ln -s {KEPT_DIR}/{name} {VERIFIER_DIR}/{name}"
@@ -137,9 +150,15 @@ async def _prepare(sb: Sandbox) -> str:
 
 
 async def _links(sb: Sandbox) -> str:
-    """Each reward link's inode, type and target (run when nothing of the agent's runs)."""
-    names = " ".join(f"{VERIFIER_DIR}/{name}" for name in REWARD_FILES)
-    found = await sb.exec(["/bin/sh", "-c", f"stat -c '%i %F %N' {names} 2>&1"], timeout=30)
+    """Each reward link's inode, type and target, and each kept file's inode, mode and owner
+    (run when nothing of the agent's runs): a program can change a mode where it cannot
+    write (Landlock has no right for chmod), and a kept file made read-only keeps whatever
+    it held (round forty-five)."""
+    links = " ".join(f"{VERIFIER_DIR}/{name}" for name in REWARD_FILES)
+    kept = " ".join(f"{KEPT_DIR}/{name}" for name in REWARD_FILES)
+    found = await sb.exec(["/bin/sh", "-c", f"stat -c '%i %F %N' {links} 2>&1; "
+                                            f"stat -c '%i %f %u %g' {kept} 2>&1"],
+                          timeout=30)
     return found.stdout
 
 

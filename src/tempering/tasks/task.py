@@ -132,6 +132,12 @@ class GradingConfig(_Model):
             if not self.command.strip():
                 raise ValueError("grading.command is empty: give the test script's command, "
                                  "e.g. 'bash tests/test.sh'")
+            operators = _shell_operators(self.command)
+            if operators:
+                raise ValueError(f"grading.command {self.command!r} is not one simple command "
+                                 f"({' '.join(operators)}): the shell runs it in its own place, "
+                                 "and only that shell can write the verdict; put pipes, "
+                                 "redirections and lists inside the script")
             pytest_only = [name for name in ("fail_to_pass", "pass_to_pass", "expected_tests")
                            if getattr(self, name)]
             if pytest_only or self.scoring != "fraction" or self.isolation != "auto":
@@ -188,6 +194,16 @@ class GradingConfig(_Model):
         if value.rstrip("/") == HARBOR_TESTS and info.data.get("runner") == "script":
             return HARBOR_TESTS
         return check_path(value)
+
+
+def _shell_operators(command: str) -> list[str]:
+    """The shell operators of ``command`` (pipes, redirections, lists, background)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return [t for t in lexer if t and all(c in "();<>|&" for c in t)]
+    except ValueError:
+        return ["(does not parse)"]
 
 
 def _overlap(first: list[str], second: list[str]) -> list[str]:
