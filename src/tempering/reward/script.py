@@ -94,11 +94,24 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
                                        "programs ran unwatched, so it gives no verdict"))
         run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
         return run
-    refused = await _read(sb, f"{KEPT_DIR}/refused", REWARD_FILE_LIMIT)
-    if refused:  # the guard's record: the shell opened a kept file by another name
-        names = ", ".join(sorted(set(refused.decode(errors="replace").split())))[:300]
-        run.notes.append(("reward_redirected", f"the script's shell was led to the kept verdict "
-                                               f"by another name ({names}): refused"))
+    record = (await _read(sb, f"{KEPT_DIR}/refused", REWARD_FILE_LIMIT) or b"").decode(
+        errors="replace").splitlines()
+    refused = sorted({line.split(" ", 1)[1] for line in record if line.startswith("refused ")})
+    failed = sorted({line.split(" ", 1)[1] for line in record if line.startswith("failed ")})
+    if refused:  # the guard's record: the shell led to a kept file by another name
+        run.notes.append(("reward_redirected", "the script's shell was led to its verdict by "
+                                               f"another way ({', '.join(refused)[:300]}): "
+                                               "refused"))
+    void = ""
+    if failed:  # the shell could not write its verdict by its link: what it holds is stale
+        void = f"the shell's write of its verdict failed ({', '.join(failed)[:300]})"
+    elif result.timed_out or (result.exit_code or 0) < 0:
+        void = ("the test script did not end by itself (timed out, or killed by a signal): "
+                "a verdict it wrote before that is not its last word")
+    if void:
+        run.notes.append(("no_reward", void))
+        run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
+        return run
     text = await _read(sb, f"{KEPT_DIR}/reward.txt", REWARD_FILE_LIMIT) or None
     data = await _read(sb, f"{KEPT_DIR}/reward.json", REWARD_FILE_LIMIT) or None
     named = _reward_json(data, grading.components, run) if data is not None else {}

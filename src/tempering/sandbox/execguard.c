@@ -175,8 +175,9 @@ static int restrict_self(void) {
     return ok;
 }
 
-/* Whether `path` (as given to openat with `dirfd`) names kept file `k` by its link. */
-static int by_its_link(int dirfd, const char *path, const struct kept *k) {
+/* Whether `path` (as given to openat with `dirfd`) is the name of kept file `k`'s link: the
+ * link's directory and its name, whatever is there now. */
+static int names_link(int dirfd, const char *path, const struct kept *k) {
     const char *slash = strrchr(path, '/');
     const char *name = slash ? slash + 1 : path;
     if (strcmp(name, k->name) != 0) return 0;
@@ -189,22 +190,53 @@ static int by_its_link(int dirfd, const char *path, const struct kept *k) {
     else
         snprintf(parent, sizeof parent, "/proc/self/fd/%d/%.*s", dirfd,
                  slash ? (int)(slash - path) : 0, path);
-    if (realpath(parent, resolved) == NULL || strcmp(resolved, k->dir) != 0) return 0;
+    return realpath(parent, resolved) != NULL && strcmp(resolved, k->dir) == 0;
+}
+
+/* Whether `path` names kept file `k` by its link, and the link is still the grader's. */
+static int by_its_link(int dirfd, const char *path, const struct kept *k) {
     struct stat link;
-    return fstatat(dirfd, path, &link, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(link.st_mode)
+    return names_link(dirfd, path, k)
+        && fstatat(dirfd, path, &link, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(link.st_mode)
         && link.st_dev == k->link_dev && link.st_ino == k->link_ino;
 }
 
-/* A refused open, recorded where only the shell writes: $TEMPERING_GUARDED/refused. */
-static void record_refusal(const char *path) {
-    char file[PATH_MAX], line[PATH_MAX + 2];
+/* What the guard refused or saw fail, recorded where only the shell writes
+ * ($TEMPERING_GUARDED/refused), through a descriptor opened when the shell started: a
+ * program that lowered the shell's open-file limit cannot keep the record from being made
+ * (round forty-five). Lines: "refused PATH" (an open the guard refused) or "failed PATH
+ * ERRNO" (the shell's open of its verdict by its link failed: the verdict is void). */
+static int record_fd = -1;
+
+static void record(const char *what, const char *path, int err) {
+    char line[PATH_MAX + 64];
+    int n = err ? snprintf(line, sizeof line, "%s %s %d\n", what, path, err)
+                : snprintf(line, sizeof line, "%s %s\n", what, path);
+    if (record_fd >= 0 && write(record_fd, line, (size_t)(n < (int)sizeof line ? n :
+                                                          (int)sizeof line - 1)) >= 0)
+        return;
+    char file[PATH_MAX];
     snprintf(file, sizeof file, "%s/refused", guarded);
     int fd = open_raw(AT_FDCWD, file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
                       0600);
     if (fd < 0) return;
-    int n = snprintf(line, sizeof line, "%s\n", path);
     if (write(fd, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1)) < 0) {}
     close(fd);
+}
+
+static void open_record(void) {
+    char file[PATH_MAX];
+    snprintf(file, sizeof file, "%s/refused", guarded);
+    int fd = open_raw(AT_FDCWD, file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                      0600);
+    if (fd < 0) return;
+    /* High, out of the way of the script's own `exec 3>...` */
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 900);
+    if (high >= 0) {
+        close(fd);
+        fd = high;
+    }
+    record_fd = fd;
 }
 
 /* Whether descriptor `fd` is a file below the guarded directory, and which kept file it is
@@ -233,26 +265,53 @@ static int may_open(int dirfd, const char *path, int fd) {
     return which >= 0 && by_its_link(dirfd, path, &kept[which]);
 }
 
+/* Which kept file `path` names by its link's name (-1: none). */
+static int named_kept(int dirfd, const char *path) {
+    for (int i = 0; i < kept_count; i++)
+        if (names_link(dirfd, path, &kept[i])) return i;
+    return -1;
+}
+
+/* Whether descriptor `fd`, opened by the name of kept file `i`'s link, is that kept file and
+ * the link still the grader's. */
+static int is_kept(int dirfd, const char *path, int fd, int i) {
+    struct stat st;
+    return fstat(fd, &st) == 0 && st.st_dev == kept[i].dev && st.st_ino == kept[i].ino
+        && by_its_link(dirfd, path, &kept[i]);
+}
+
 /* An open of the shell's (or of a fork of it that has not exec'd). Decided on the file the
  * path reaches before it is opened for real (an O_PATH open: no truncation, no creation),
- * and again on the descriptor the real open gives (the path may have changed in between). */
+ * and again on the descriptor the real open gives (the path may have changed in between).
+ * By a link's own name, the open must reach its kept file, and if it fails the verdict is
+ * void: a program that renamed the link away for a decoy, lowered the shell's open-file
+ * limit or made the kept file read-only kept the shell from writing its later, lower
+ * verdict (round forty-five, the third red team). */
 static int checked_open(int dirfd, const char *path, int flags, mode_t mode) {
     if (!is_shell || restricted_pid == getpid())
         return open_raw(dirfd, path, flags, mode);
+    int named = named_kept(dirfd, path);
     int probe = open_raw(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW), 0);
     if (probe >= 0) {
-        int ok = may_open(dirfd, path, probe);
+        int ok = named >= 0 ? is_kept(dirfd, path, probe, named) : may_open(dirfd, path, probe);
         close(probe);
         if (!ok) {
-            record_refusal(path);
+            record("refused", path, 0);
             errno = EACCES;
             return -1;
         }
     }
     int fd = open_raw(dirfd, path, flags, mode);
-    if (fd >= 0 && !may_open(dirfd, path, fd)) {
+    if (fd < 0) {
+        int err = errno;
+        if (named >= 0) record("failed", path, err);
+        errno = err;
+        return -1;
+    }
+    int ok = named >= 0 ? is_kept(dirfd, path, fd, named) : may_open(dirfd, path, fd);
+    if (!ok) {
         close(fd);
-        record_refusal(path);
+        record("refused", path, 0);
         errno = EACCES;
         return -1;
     }
@@ -452,5 +511,6 @@ __attribute__((constructor)) static void start(void) {
     shell_pid = getpid();
     const char *keep_spec = getenv("TEMPERING_GUARD_KEEP");
     if (keep_spec != NULL) keep(keep_spec);
+    open_record();
     if (getenv("TEMPERING_GUARD_EXECED") != NULL) mark("loaded");
 }

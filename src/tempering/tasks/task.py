@@ -16,6 +16,7 @@ directory again, so editing a task directory mid-run changes nothing already loa
 from __future__ import annotations
 
 import keyword
+import posixpath
 import shlex
 import tomllib
 from collections import Counter
@@ -40,6 +41,7 @@ from tempering.tasks.files import FileTree, Limits, check_path
 
 BUILTIN_COMPONENTS = ("tests", "lint", "rules", "fail_to_pass", "pass_to_pass")
 HARBOR_TESTS = "/tests"  # where a harbor task's verifier finds its tests (sandbox/host.py)
+SCRIPT_SHELLS = ("bash", "sh", "python3", "python")  # what a test script's command may start
 
 
 def pytest_args(command: str) -> list[str]:
@@ -132,6 +134,15 @@ class GradingConfig(_Model):
             if not self.command.strip():
                 raise ValueError("grading.command is empty: give the test script's command, "
                                  "e.g. 'bash tests/test.sh'")
+            words = [] if _shell_operators(self.command) else shlex.split(self.command)
+            if words and posixpath.basename(words[0]) not in SCRIPT_SHELLS:
+                shells = ", ".join(SCRIPT_SHELLS)
+                raise ValueError(f"grading.command {self.command!r} starts {words[0]!r}: the "
+                                 "program the command starts takes the shell's place and must "
+                                 f"be one that loads the grader's guard ({shells}): write it "
+                                 "as 'bash tests/test.sh' (a wrapper such as env or timeout "
+                                 "would run the script as a program of its own, unable to "
+                                 "write its verdict; use grading.timeout_s)")
             operators = _shell_operators(self.command)
             if operators:
                 raise ValueError(f"grading.command {self.command!r} is not one simple command "
