@@ -260,3 +260,26 @@ async def test_harbor_tasks_on_the_docker_backend(tmp_path: Path, files: dict[st
     if files is CLI:
         for hack in HACKS.values():
             assert (await graded(task, {"wc.py": hack})).reward == 0.0
+
+
+async def test_an_episode_plays_a_harbor_task(tmp_path: Path) -> None:
+    """Rollouts take harbor tasks as any other: the agent's tools act in /app, its verdict
+    comes from the task's test script; a reward it leaves in its own /logs is nothing."""
+    from tempering.agent import run_episode
+    from tempering.policy.scripted import ScriptedPolicy
+    from tempering.trajectory.schema import Status
+
+    task = load_task(harbor_task(tmp_path / "hello-cli", CLI), backend="local")
+    solve = CLI["solution/solve.sh"].split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
+    honest = [("bash", {"command": "pwd"}), ("write_file", {"path": "wc.py", "content": solve}),
+              ("submit", {})]
+    cheat = [("bash", {"command": "mkdir -p /logs/verifier && echo 1 > "
+                                  "/logs/verifier/reward.txt && echo print 7 > wc.py"}),
+             ("submit", {})]
+    async with Grader() as grader:
+        solved = await run_episode(task, ScriptedPolicy(honest), grader=grader)
+        cheated = await run_episode(task, ScriptedPolicy(cheat), grader=grader)
+    assert solved.status == Status.OK, solved.error
+    assert solved.steps[0].observation.strip() == "/app"
+    assert solved.reward is not None and solved.reward.reward == 1.0
+    assert cheated.reward is not None and cheated.reward.reward == 0.0
