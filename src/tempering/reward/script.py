@@ -51,6 +51,7 @@ KEPT_DIR = "/logs/.tempering"  # what no program the script starts can write
 GUARD = f"{KEPT_DIR}/execguard.so"
 REWARD_FILES = ("reward.txt", "reward.json")
 REWARD_FILE_LIMIT = 64 << 10
+RECORD_LIMIT = 1 << 20
 JUNIT_LIMIT = 8 << 20
 PROBE_LOADED = 97
 
@@ -94,8 +95,8 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
                                        "programs ran unwatched, so it gives no verdict"))
         run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
         return run
-    record = (await _read(sb, f"{KEPT_DIR}/refused", REWARD_FILE_LIMIT) or b"").decode(
-        errors="replace").splitlines()
+    kept_record = await _read(sb, f"{KEPT_DIR}/refused", RECORD_LIMIT)
+    record = (kept_record or b"").decode(errors="replace").splitlines()
     refused = sorted({line.split(" ", 1)[1] for line in record if line.startswith("refused ")})
     failed = sorted({line.split(" ", 1)[1] for line in record if line.startswith("failed ")})
     if refused:  # the guard's record: the shell led to a kept file by another name
@@ -103,8 +104,11 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
                                                f"another way ({', '.join(refused)[:300]}): "
                                                "refused"))
     void = ""
-    if failed:  # the shell could not write its verdict by its link: what it holds is stale
-        void = f"the shell's write of its verdict failed ({', '.join(failed)[:300]})"
+    if kept_record is None:  # the shell makes it when it starts: gone, or past its size
+        void = "the guard's record of the run is missing or too large to read"
+    elif failed:  # the shell could not write its verdict by its link: what it holds is stale
+        void = (f"the shell's write of its verdict failed, or its resource limits were "
+                f"lowered under it ({', '.join(failed)[:300]})")
     elif result.timed_out or (result.exit_code or 0) < 0:
         void = ("the test script did not end by itself (timed out, or killed by a signal): "
                 "a verdict it wrote before that is not its last word")

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <limits.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -190,6 +191,9 @@ static int names_link(int dirfd, const char *path, const struct kept *k) {
     else
         snprintf(parent, sizeof parent, "/proc/self/fd/%d/%.*s", dirfd,
                  slash ? (int)(slash - path) : 0, path);
+    /* An absolute path is taken as written: a directory a program replaced with a link to
+     * the verdict's (/tmp/res -> /logs/verifier) is not the verdict's directory. */
+    if (path[0] == '/' && strcmp(parent, k->dir) != 0) return 0;
     return realpath(parent, resolved) != NULL && strcmp(resolved, k->dir) == 0;
 }
 
@@ -207,6 +211,7 @@ static int by_its_link(int dirfd, const char *path, const struct kept *k) {
  * (round forty-five). Lines: "refused PATH" (an open the guard refused) or "failed PATH
  * ERRNO" (the shell's open of its verdict by its link failed: the verdict is void). */
 static int record_fd = -1;
+#define RECORD_BYTES (64 * 1024)
 
 static void record(const char *what, const char *path, int err) {
     char line[PATH_MAX + 64];
@@ -236,7 +241,34 @@ static void open_record(void) {
         close(fd);
         fd = high;
     }
+    /* Its pages taken now: a program that fills the disk cannot keep a line from being
+     * written (round forty-five, the fourth red team). */
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, RECORD_BYTES) < 0) {}
     record_fd = fd;
+}
+
+/* The shell's resource limits when it started: a program may lower them (prlimit needs only
+ * the same uid; Landlock has no hook for it), so that the shell fails, and exits on its own,
+ * before its later, lower verdict (RLIMIT_AS: bash's xrealloc of a $(...) buffer). At its
+ * exit the shell compares; lowered limits void the verdict ("failed limits"). */
+static struct rlimit limits_at_start[RLIM_NLIMITS];
+
+static void note_limits(void) {
+    for (int r = 0; r < RLIM_NLIMITS; r++) getrlimit(r, &limits_at_start[r]);
+}
+
+__attribute__((destructor)) static void check_limits(void) {
+    if (!is_shell || restricted_pid == getpid() || getpid() != shell_pid) return;
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        struct rlimit now;
+        if (getrlimit(r, &now) == 0 && (now.rlim_cur < limits_at_start[r].rlim_cur
+                                        || now.rlim_max < limits_at_start[r].rlim_max)) {
+            char what[32];
+            snprintf(what, sizeof what, "resource-limit-%d", r);
+            record("failed", what, EPERM);
+            return;
+        }
+    }
 }
 
 /* Whether descriptor `fd` is a file below the guarded directory, and which kept file it is
@@ -400,6 +432,34 @@ static int ours(const char *entry) {
 
 #define ENV_MAX 8192
 
+/* Before a program runs: every descriptor of the shell's on a kept file closed, but its
+ * standard output (`python3 -I grade.py > $VERIFIER_DIR/reward.json`, the verdict's helper).
+ * Landlock decides at open, not at write: a script that opened its verdict up front (`exec
+ * 3> $VERIFIER_DIR/reward.txt`) handed fd 3 to every program it ran, which wrote 1 into it
+ * and moved its offset so that the shell's own later write failed (round forty-five, the
+ * fourth red team). No heap: this runs in a vfork child too. */
+static void close_kept_descriptors(void) {
+    int dfd = open_raw(AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0) return;
+    char buf[4096];
+    int found[256], count = 0;
+    long n;
+    while ((n = syscall(SYS_getdents64, dfd, buf, sizeof buf)) > 0) {
+        for (long at = 0; at < n;) {
+            struct dirent64_ *e = (struct dirent64_ *)(buf + at);
+            at += e->reclen;
+            int fd = atoi(e->name);
+            if (e->name[0] < '0' || e->name[0] > '9' || fd == dfd || fd == 1) continue;
+            struct stat st;
+            if (fstat(fd, &st) < 0) continue;
+            for (int i = 0; i < kept_count && count < 256; i++)
+                if (st.st_dev == kept[i].dev && st.st_ino == kept[i].ino) found[count++] = fd;
+        }
+    }
+    close(dfd);
+    for (int i = 0; i < count; i++) close(found[i]);
+}
+
 /* A mark in the guarded directory saying whether the program the shell became by exec loaded
  * this library: "pending" before that exec, "loaded" from the program's constructor. The
  * grader refuses a verdict whose mark says pending (a static program in the shell's place
@@ -436,6 +496,7 @@ static int guarded_exec(int dirfd, const char *path, char *const argv[], char *c
         errno = EPERM;
         return -1;
     }
+    close_kept_descriptors();
     for (size_t i = 0; i < n; i++)
         if (!ours(envp[i])) env[k++] = envp[i];
     env[k] = NULL;
@@ -512,5 +573,6 @@ __attribute__((constructor)) static void start(void) {
     const char *keep_spec = getenv("TEMPERING_GUARD_KEEP");
     if (keep_spec != NULL) keep(keep_spec);
     open_record();
+    note_limits();
     if (getenv("TEMPERING_GUARD_EXECED") != NULL) mark("loaded");
 }
