@@ -76,8 +76,12 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
                            env={**grading.env, "VERIFIER_DIR": VERIFIER_DIR,
                                 "LD_PRELOAD": GUARD, "TEMPERING_GUARDED": KEPT_DIR,
                                 "TEMPERING_GUARD_KEEP": keep, "PYTHONNOUSERSITE": "1",
-                                "PYTHONDONTWRITEBYTECODE": "1"})
+                                "PYTHONDONTWRITEBYTECODE": "1",
+                                # Python 3.13's subprocess starts programs by posix_spawn,
+                                # which execs where the guard cannot see: fork and exec instead
+                                "_PYTHON_SUBPROCESS_USE_POSIX_SPAWN": "0"})
     await sb.stop_processes()  # nothing left running reads or writes after this
+    usage = await sb.usage()
     run = ScriptRun(timed_out=result.timed_out, oom=result.oom_killed)
     tail = result.stdout[-4000:] + result.stderr[-4000:]
     run.log = f"[test script exited with {result.exit_code}]\n{tail}"[-8000:]
@@ -109,6 +113,9 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
     elif failed:  # the shell could not write its verdict by its link: what it holds is stale
         void = (f"the shell's write of its verdict failed, or its resource limits were "
                 f"lowered under it ({', '.join(failed)[:300]})")
+    elif usage.pids_peak is not None and usage.pids_peak >= sb.spec.pids:
+        void = ("the sandbox's processes reached its pids limit while the script ran: a fork "
+                "of the script's may have failed, and its later verdict with it")
     elif result.timed_out or (result.exit_code or 0) < 0:
         void = ("the test script did not end by itself (timed out, or killed by a signal): "
                 "a verdict it wrote before that is not its last word")

@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/landlock.h>
@@ -501,6 +502,22 @@ static int guarded_exec(int dirfd, const char *path, char *const argv[], char *c
         if (!ours(envp[i])) env[k++] = envp[i];
     env[k] = NULL;
     return (int)syscall(SYS_execveat, dirfd, path, argv, env, flags);
+}
+
+/* A fork of the shell's that fails is recorded (the verdict is void): a program that filled
+ * the sandbox's process limit made the shell's next `$(...)` fail, and bash exit on its own
+ * before its later, lower verdict (round forty-five, the fifth red team). */
+pid_t fork(void) {
+    static pid_t (*real_fork)(void);
+    if (real_fork == NULL) real_fork = (pid_t (*)(void))dlsym(RTLD_NEXT, "fork");
+    if (real_fork == NULL) { errno = ENOSYS; return -1; }
+    pid_t pid = real_fork();
+    if (pid < 0 && is_shell && getpid() == shell_pid) {
+        int err = errno;
+        record("failed", "fork", err);
+        errno = err;
+    }
+    return pid;
 }
 
 int execve(const char *path, char *const argv[], char *const envp[]) {
