@@ -16,7 +16,7 @@ import pytest
 from backends import GRADING_ROOTFS
 from tempering.errors import ConfigError
 from tempering.reward import Grader, RewardResult
-from tempering.sandbox import SandboxSpec, open_sandbox
+from tempering.sandbox import SandboxSpec
 from tempering.tasks import Task, load_task
 from tempering.tasks.task import GradingConfig
 from tempering.tasks.validate import validate_task
@@ -721,15 +721,10 @@ async def test_the_shell_is_untouchable_from_a_program(tmp_path: Path) -> None:
     assert "-1 False False False False False" in result.log, result.log
 
 
-async def test_nothing_of_the_agents_sandbox_reaches_the_grading(cli: Task) -> None:
-    async with open_sandbox(cli.sandbox) as sb:
-        await cli.prepare(sb)
-        r = await sb.exec("mkdir -p /logs/verifier /logs/.tempering && echo 1 > "
-                          "/logs/verifier/reward.txt && echo 1 > /logs/.tempering/reward.txt && "
-                          "printf 'print(0)\\n' > count.py && (sleep 30 &)")
-        assert r.exit_code == 0, r.stderr
-        async with Grader() as grader:
-            result = await grader.grade(cli, sb)
+async def test_nothing_of_the_agents_sandbox_reaches_the_grading(cli, attempt) -> None:  # type: ignore[no-untyped-def]
+    result = await attempt(cli, shell="mkdir -p /logs/verifier /logs/.tempering && echo 1 > "
+                           "/logs/verifier/reward.txt && echo 1 > /logs/.tempering/reward.txt && "
+                           "printf 'print(0)\\n' > count.py && (sleep 30 &)")
     assert result.reward == 0.0 and result.flags == []
 
 

@@ -94,11 +94,9 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
                                              "its mode"))
     shell = await _read(sb, f"{KEPT_DIR}/shell", REWARD_FILE_LIMIT)
     if shell == b"pending":  # the program the command became did not load the guard
-        run.notes.append(("no_reward", "the program the command runs in the shell's place did "
-                                       "not load the grader's guard (a static binary?): its "
-                                       "programs ran unwatched, so it gives no verdict"))
-        run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
-        return run
+        return _void(run, grading, "the program the command runs in the shell's place did not "
+                                   "load the grader's guard (a static binary?): its programs "
+                                   "ran unwatched, so it gives no verdict")
     kept_record = await _read(sb, f"{KEPT_DIR}/refused", RECORD_LIMIT)
     record = (kept_record or b"").decode(errors="replace").splitlines()
     refused = sorted({line.split(" ", 1)[1] for line in record if line.startswith("refused ")})
@@ -120,9 +118,7 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
         void = ("the test script did not end by itself (timed out, or killed by a signal): "
                 "a verdict it wrote before that is not its last word")
     if void:
-        run.notes.append(("no_reward", void))
-        run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
-        return run
+        return _void(run, grading, void)
     text = await _read(sb, f"{KEPT_DIR}/reward.txt", REWARD_FILE_LIMIT) or None
     data = await _read(sb, f"{KEPT_DIR}/reward.json", REWARD_FILE_LIMIT) or None
     named = _reward_json(data, grading.components, run) if data is not None else {}
@@ -144,6 +140,13 @@ async def run_script(sb: Sandbox, grading: GradingConfig, output_limit: int) -> 
     junit = await _read(sb, f"{VERIFIER_DIR}/junit.xml", JUNIT_LIMIT)
     if junit is not None:
         run.tests = junit_outcomes(junit, run)
+    return run
+
+
+def _void(run: ScriptRun, grading: GradingConfig, why: str) -> ScriptRun:
+    """``run`` without a verdict: every component 0, and why (``no_reward``)."""
+    run.notes.append(("no_reward", why))
+    run.scores = {"tests": 0.0, **{name: 0.0 for name in grading.components}}
     return run
 
 

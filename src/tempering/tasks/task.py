@@ -134,7 +134,8 @@ class GradingConfig(_Model):
             if not self.command.strip():
                 raise ValueError("grading.command is empty: give the test script's command, "
                                  "e.g. 'bash tests/test.sh'")
-            words = [] if _shell_operators(self.command) else shlex.split(self.command)
+            operators = _shell_operators(self.command)
+            words = [] if operators else shlex.split(self.command)
             if words and posixpath.basename(words[0]) not in SCRIPT_SHELLS:
                 shells = ", ".join(SCRIPT_SHELLS)
                 raise ValueError(f"grading.command {self.command!r} starts {words[0]!r}: the "
@@ -143,7 +144,6 @@ class GradingConfig(_Model):
                                  "as 'bash tests/test.sh' (a wrapper such as env or timeout "
                                  "would run the script as a program of its own, unable to "
                                  "write its verdict; use grading.timeout_s)")
-            operators = _shell_operators(self.command)
             if operators:
                 raise ValueError(f"grading.command {self.command!r} is not one simple command "
                                  f"({' '.join(operators)}): the shell runs it in its own place, "
