@@ -305,10 +305,12 @@ async def test_system_is_read_only(sb) -> None:
         assert r.exit_code != 0, target
 
 
-async def test_only_the_sandbox_storage_is_writable(make_spec) -> None:
-    own = ("/workspace", "/tmp", "/dev/shm", "/logs", "/tests")
+@pytest.mark.parametrize("extra", [(), ("/srv/app", "/opt/data/x")], ids=["plain", "dirs"])
+async def test_only_the_sandbox_storage_is_writable(make_spec, extra) -> None:
+    own = ("/workspace", "/tmp", "/dev/shm", "/logs", "/tests", *extra)
     walk = writable.WALK + f"\nprint(walk({own!r}, LEAVE))\n"
-    async with open_sandbox(make_spec()) as first, open_sandbox(make_spec()) as second:
+    spec = make_spec(writable_dirs=extra)
+    async with open_sandbox(spec) as first, open_sandbox(spec) as second:
         left = await first.exec(["python3", "-c", "LEAVE = True\n" + walk], timeout=60)
         found = await second.exec(["python3", "-c", "LEAVE = False\n" + walk], timeout=60)
     for result in (left, found):
@@ -319,14 +321,35 @@ async def test_only_the_sandbox_storage_is_writable(make_spec) -> None:
 
 
 async def test_dev_shm_counts_in_the_disk_limit(make_spec) -> None:
-    """The workdir, /tmp, /dev/shm, /logs and /tests hold disk_mb together, on every backend (the
-    docker backend's /dev/shm was the engine's own 64 MiB: round twenty-nine)."""
-    async with open_sandbox(make_spec(disk_mb=8, memory_mb=256)) as sb:
-        files = "/tmp/a /dev/shm/b /logs/d /tests/e c"
+    """The workdir, /tmp, /dev/shm, /logs, /tests and the writable dirs hold disk_mb together,
+    on every backend (the docker backend's /dev/shm was the engine's own 64 MiB: round
+    twenty-nine)."""
+    spec = make_spec(disk_mb=8, memory_mb=256, writable_dirs=("/srv/app",))
+    async with open_sandbox(spec) as sb:
+        files = "/tmp/a /dev/shm/b /logs/d /tests/e /srv/app/f c"
         r = await sb.exec(f"for f in {files}; do head -c 16M /dev/zero > $f; done; sync; "
                           f"du -sck {files} | tail -1 | cut -f1")
         assert "No space left" in r.stderr or "Disk quota exceeded" in r.stderr, r
         assert int(r.stdout) <= 8 * 1024 + 512, r.stdout
+
+
+async def test_writable_dirs_start_empty_are_files_and_fork(make_spec) -> None:
+    """A writable dir hides what the image has there, is the sandbox user's, is reached by the
+    file API at its absolute path, and a fork has a copy of it, not the same files."""
+    async with open_sandbox(make_spec(writable_dirs=("/opt/app",))) as sb:
+        r = await sb.exec("ls -A /opt/app; stat -c %U /opt/app; echo v1 > /opt/app/conf")
+        assert r.exit_code == 0 and r.stdout == "user\n", r
+        assert await sb.read_file("/opt/app/conf") == b"v1\n"
+        await sb.write_file("/opt/app/sub/more", b"m")
+        assert await sb.list("/opt/app") == ["conf", "sub"]
+        child = await sb.fork()
+        try:
+            await child.write_file("/opt/app/conf", b"child\n")
+            r = await child.exec("cat /opt/app/conf /opt/app/sub/more")
+            assert r.stdout == "child\nm", r
+        finally:
+            await child.close()
+        assert await sb.read_file("/opt/app/conf") == b"v1\n"
 
 
 async def test_host_private_paths_are_absent(sb) -> None:

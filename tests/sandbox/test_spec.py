@@ -19,6 +19,13 @@ from tempering.sandbox.spec import host_cpus
     ("workdir", "relative/dir", "absolute"),
     ("workdir", "/usr", "system directory"),
     ("env", {"A=B": "x"}, "not valid"),
+    ("writable_dirs", ("etc/app",), "'etc/app' must be a normalised absolute path"),
+    ("writable_dirs", ("/etc",), "'/etc' is a system directory"),
+    ("writable_dirs", ("/tmp/x",), "'/tmp/x' lies in /tmp"),
+    ("writable_dirs", ("/srv/a", "/srv/a/b"), "'/srv/a' and '/srv/a/b' nest"),
+    ("writable_dirs", ("/workspace/x",), "'/workspace/x' and the workdir '/workspace' nest"),
+    ("writable_dirs", ("/srv/a:b",), "without ':'"),
+    ("writable_dirs", ("/srv/a", "/srv/a"), "names a directory twice"),
     ("rootfs", "/definitely/not/here", "not an existing"),
     ("colour", "blue", "colour"),
 ])

@@ -51,7 +51,9 @@ from tempering.sandbox.files import InitSandbox, Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     HARBOR_DIRS,
+    disk_dirs,
     make_volume,
+    make_writable_dirs,
     reclaim_volumes,
     snapshot_volume,
     storage_for,
@@ -156,11 +158,14 @@ class DockerSandbox(InitSandbox):
         shm = total // 8
         size = (total - shm) // 2
         harbor = size // 8  # /logs and /tests: out of /tmp's share, the workdir's stays whole
+        extra = size // 4 if spec.writable_dirs else 0  # the writable dirs: the same way
         tmpfs = {}
-        for mount, bytes_, mode in ((spec.workdir, size, "0755"), ("/tmp", size - harbor, "1777"),
+        for mount, bytes_, mode in ((spec.workdir, size, "0755"),
+                                    ("/tmp", size - harbor - extra, "1777"),
                                     ("/dev/shm", shm, "1777"),
-                                    *((d, harbor // len(HARBOR_DIRS), "0755")
-                                      for d in HARBOR_DIRS)):
+                                    *((d, harbor // len(HARBOR_DIRS), "0755") for d in HARBOR_DIRS),
+                                    *((d, extra // max(len(spec.writable_dirs), 1), "0755")
+                                      for d in spec.writable_dirs)):
             inodes = max(bytes_ // INODE_SPACING, 64)  # as local's: their memory is counted
             tmpfs[mount] = (f"rw,exec,nosuid,nodev,size={max(bytes_, 4096)},mode={mode},"
                             f"uid={uid},gid={uid},nr_inodes={inodes}")
@@ -172,14 +177,14 @@ class DockerSandbox(InitSandbox):
         if self._volume is not None:  # one volume, one budget, bound at each
             path = volumes().path(self._volume)
             storage = {}
-            binds += [f"{path}/workspace:{spec.workdir}", f"{path}/tmp:/tmp",
-                      f"{path}/shm:/dev/shm", *(f"{path}{d}:{d}" for d in HARBOR_DIRS)]
+            binds += [f"{path}/tmp:/tmp", f"{path}/shm:/dev/shm",
+                      *(f"{path}/{on_disk}:{d}" for d, on_disk in disk_dirs(spec).items())]
         return {
             "Image": self.image, "User": f"{uid}:{uid}", "WorkingDir": spec.workdir,
             "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
                                                         SANDBOX_LABEL: self.id},
             "Cmd": ["/.tempering/init", "unix:/.tempering/control/socket", "0", spec.workdir,
-                    str(uid), str(uid)],
+                    str(uid), str(uid), "-"],
             "NetworkDisabled": not spec.network,
             "HostConfig": {
                 "NetworkMode": self._network,
@@ -216,7 +221,8 @@ class DockerSandbox(InitSandbox):
                 self._volume = name  # destroyed on close even if its chown fails
                 await asyncio.to_thread(snapshot_volume, snapshot_of, name, size, uid, uid)
             else:
-                await asyncio.to_thread(make_volume, name, size, uid, uid)
+                path = await asyncio.to_thread(make_volume, name, size, uid, uid)
+                await asyncio.to_thread(make_writable_dirs, path, self.spec, uid, uid)
             self._volume = name
         for sub in ("socket.d", "etc"):
             (self._control_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -269,12 +275,11 @@ class DockerSandbox(InitSandbox):
         first = secrets.randbelow(len(cpus))
         os.sched_setaffinity(self._init_pid, {cpus[(first + i) % len(cpus)] for i in range(want)})
         root = f"/proc/{self._init_pid}/root"
-        roots = {self.spec.workdir: root + self.spec.workdir, "/tmp": root + "/tmp",
-                 **{d: root + d for d in HARBOR_DIRS}}
+        roots = {"/tmp": root + "/tmp", **{d: root + d for d in disk_dirs(self.spec)}}
         if self._volume is not None:
             volume = volumes().path(self._volume)
-            roots = {self.spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp"),
-                     **{d: str(volume / d.strip("/")) for d in HARBOR_DIRS}}
+            roots = {"/tmp": str(volume / "tmp"),
+                     **{d: str(volume / on_disk) for d, on_disk in disk_dirs(self.spec).items()}}
         self._storage = Storage(roots, self.spec.workdir, uid, uid)
 
     async def _create_container(self, init: Path, uid: int) -> None:

@@ -29,6 +29,7 @@ from tempering.sandbox import cgroup
 from tempering.sandbox.files import as_user
 from tempering.sandbox.forkserver import Spawner
 from tempering.sandbox.native import home, native_binary
+from tempering.sandbox.spec import SandboxSpec
 from tempering.sandbox.uids import UidRange, reclaim_uids, uid_range
 from tempering.sandbox.volumes import BtrfsPool
 
@@ -212,6 +213,21 @@ class SpareVolumes:
 HARBOR_DIRS = ("/logs", "/tests")
 """Directories every sandbox has on its storage beside the workdir, /tmp and /dev/shm, at the
 paths harbor's environments have them (init.c binds the same list)."""
+
+
+def disk_dirs(spec: SandboxSpec) -> dict[str, str]:
+    """The sandbox's directories bound from its one disk, but /tmp and /dev/shm: each path in
+    the sandbox and where it is on the disk (a spec's ``writable_dirs`` under ``rw/``, as
+    init.c lays them out)."""
+    return {spec.workdir: "workspace", **{d: d.strip("/") for d in HARBOR_DIRS},
+            **{d: "rw" + d for d in spec.writable_dirs}}
+
+
+def make_writable_dirs(volume: Path, spec: SandboxSpec, uid: int, gid: int) -> None:
+    """Give a new volume the spec's ``writable_dirs``, owned by the sandbox user."""
+    with as_user(uid, gid):
+        for d in spec.writable_dirs:
+            os.makedirs(volume / ("rw" + d), 0o755, exist_ok=True)
 
 
 def make_volume(name: str, size: int, uid: int, gid: int) -> Path:

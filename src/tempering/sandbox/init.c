@@ -112,7 +112,31 @@ static void die_setup(const char *what) {
 /* Directories of the disk bound at the same path (host.py's HARBOR_DIRS). */
 static const char *const HARBOR_DIRS[] = { "/logs", "/tests", NULL };
 
-static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
+/* The spec's writable_dirs, ":"-separated ("-": none): each is the disk's rw/<path>, bound at
+ * <path> (host.py's disk_dirs); `make` creates it on a fresh disk (a fork's has it). */
+static void bind_writable_dirs(const char *disk, const char *dirs, int make) {
+    if (strcmp(dirs, "-") == 0) return;
+    char *copy = strdup(dirs), *save = NULL, path[512], what[600];
+    if (!copy) die_setup("strdup");
+    for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+        if (dir[0] != '/' || snprintf(path, sizeof path, "%s/rw%s", disk, dir) >= (int)sizeof path) {
+            errno = EINVAL;
+            die_setup(dir);
+        }
+        for (char *p = path + strlen(disk) + 1; make && *p; p++) { /* mkdir -p */
+            if (*p != '/') continue;
+            *p = 0;
+            if (mkdir(path, 0755) < 0 && errno != EEXIST) die_setup("mkdir a writable dir");
+            *p = '/';
+        }
+        if (make && mkdir(path, 0755) < 0 && errno != EEXIST) die_setup("mkdir a writable dir");
+        snprintf(what, sizeof what, "bind writable dir %s", dir);
+        if (mount(path, dir, NULL, MS_BIND, NULL) < 0) die_setup(what);
+    }
+    free(copy);
+}
+
+static void setup_disk(unsigned long long disk_bytes, const char *workdir, const char *dirs) {
     const char *disk = "/.tempering/disk";
     char opts[128], path[256];
     /* One inode per 4 KiB (spec.py's INODE_SPACING, whose memory the host counted in the
@@ -138,6 +162,7 @@ static void setup_disk(unsigned long long disk_bytes, const char *workdir) {
         if (mkdir(path, 0755) < 0) die_setup("mkdir a harbor directory");
         if (mount(path, *dir, NULL, MS_BIND, NULL) < 0) die_setup("bind a harbor directory");
     }
+    bind_writable_dirs(disk, dirs, 1);
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 
@@ -215,7 +240,7 @@ static void setup_network(const char *rules) {
 /* A fork's volume arrives as a detached idmapped mount (fd): its files are its parent's uid's on
  * disk and this sandbox's uid's here. Attach it where the tmpfs would go, and bind the same three
  * directories of it. */
-static void setup_volume(int tree, const char *workdir) {
+static void setup_volume(int tree, const char *workdir, const char *dirs) {
     const char *disk = "/.tempering/disk";
     char path[256];
     if (syscall(SYS_move_mount, tree, "", AT_FDCWD, disk, 0x00000004 /* F_EMPTY_PATH */) < 0)
@@ -231,6 +256,7 @@ static void setup_volume(int tree, const char *workdir) {
         snprintf(path, sizeof path, "%s%s", disk, *dir);
         if (mount(path, *dir, NULL, MS_BIND, NULL) < 0) die_setup("bind a harbor directory");
     }
+    bind_writable_dirs(disk, dirs, 0);
     if (umount2(disk, MNT_DETACH) < 0) die_setup("detach disk");
 }
 
@@ -818,20 +844,21 @@ int main(int argc, char **argv) {
         int n = build_filter(prog);
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
-    if (argc != 6 && argc != 7) {
+    if (argc != 7 && argc != 8) {
         fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES|mount:FD WORKDIR UID GID "
-                        "[NET_RULES] "
+                        "WRITABLE_DIRS|- [NET_RULES] "
                         "(run by the sandbox)\n");
         return 2;
     }
     CTL_FD = control_channel(argv[1]);
     if (strncmp(argv[2], "mount:", 6) == 0) { /* an idmapped volume, passed as this fd */
-        setup_volume(atoi(argv[2] + 6), argv[3]);
+        setup_volume(atoi(argv[2] + 6), argv[3], argv[6]);
     } else {
         unsigned long long disk = strtoull(argv[2], NULL, 10);
-        if (disk > 0) setup_disk(disk, argv[3]); /* 0: the host bound a volume there already */
+        /* 0: the host bound a volume there already */
+        if (disk > 0) setup_disk(disk, argv[3], argv[6]);
     }
-    if (argc == 7) setup_network(argv[6]);    /* before the capabilities go */
+    if (argc == 8) setup_network(argv[7]);    /* before the capabilities go */
     /* In a container the engine already made us the unprivileged user, with no capability
      * (and the engine mounted the container's devpts). */
     if (geteuid() == 0) {

@@ -51,9 +51,11 @@ from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     HARBOR_DIRS,
     chown_volume,
+    disk_dirs,
     host,
     idmapped_volume,
     make_volume,
+    make_writable_dirs,
     reclaim,
     spare_volumes,
     spawner,
@@ -148,6 +150,7 @@ class LocalSandbox(InitSandbox):
             else:
                 make_volume(name, size, uid, uid)
             self._volume = name
+            make_writable_dirs(pool.path(name), self.spec, uid, uid)
         else:
             pool.snapshot(snapshot_of, name, size)
             self._volume = name
@@ -178,7 +181,7 @@ class LocalSandbox(InitSandbox):
             log.warning("a fork's volume cannot be idmapped, chowning it instead: %s", exc)
         await asyncio.to_thread(chown_volume, name, uid, uid)
         self._disk_uid = uid
-        return _bind_volume(name, self.spec.workdir), "0", []
+        return _bind_volume(name, self.spec), "0", []
 
     async def _start(self, snapshot_of: str | None = None) -> None:
         spec = self.spec
@@ -190,7 +193,7 @@ class LocalSandbox(InitSandbox):
         disk = str(memory_disk_bytes(spec))
         tree: list[int] = []  # a fork's idmapped volume, for the init to attach (its fd 5)
         if self.storage == "volume" and snapshot_of is None:  # one quick ioctl, or a rename
-            storage = _bind_volume(self._new_volume(None, uid), spec.workdir)
+            storage = _bind_volume(self._new_volume(None, uid), spec)
             disk = "0"  # the init mounts no tmpfs
         elif self.storage == "volume" and snapshot_of is not None:
             storage, disk, tree = await self._forked_volume(snapshot_of, uid)
@@ -200,7 +203,8 @@ class LocalSandbox(InitSandbox):
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe,
         # 5 a fork's volume
-        init = ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000"]
+        init = ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000",
+                ":".join(spec.writable_dirs) or "-"]
         wiring = egress() if spec.network else None
         if wiring is not None:
             init.append(wiring.init_rules)
@@ -250,12 +254,11 @@ class LocalSandbox(InitSandbox):
         _live.add(self)
         if self._volume is not None:
             volume = volumes().path(self._volume)
-            roots = {spec.workdir: str(volume / "workspace"), "/tmp": str(volume / "tmp"),
-                     **{d: str(volume / d.strip("/")) for d in HARBOR_DIRS}}
+            roots = {"/tmp": str(volume / "tmp"),
+                     **{d: str(volume / on_disk) for d, on_disk in disk_dirs(spec).items()}}
         else:
             root = f"/proc/{self._init_pid}/root"
-            roots = {spec.workdir: root + spec.workdir, "/tmp": root + "/tmp",
-                     **{d: root + d for d in HARBOR_DIRS}}
+            roots = {"/tmp": root + "/tmp", **{d: root + d for d in disk_dirs(spec)}}
         owner = self._disk_uid if self._volume is not None else uid  # as the files are stored
         self._storage = Storage(roots, spec.workdir, owner, owner)
 
@@ -265,7 +268,12 @@ class LocalSandbox(InitSandbox):
             with contextlib.suppress(OSError):
                 os.set_blocking(self._bwrap_stderr, False)
                 detail = os.read(self._bwrap_stderr, 65536)
-        return detail.decode(errors="replace").strip() or str(exc) or type(exc).__name__
+        text = detail.decode(errors="replace").strip() or str(exc) or type(exc).__name__
+        missing = [d for d in self.spec.writable_dirs if f"Can't mkdir {d}:" in text]
+        if missing:
+            text += (f" (writable dir {missing[0]} is not in the root filesystem, and its "
+                     "parent there is read-only: use a root filesystem that has it)")
+        return text
 
     async def close(self) -> None:
         if self._closed:
@@ -349,11 +357,11 @@ class LocalSandbox(InitSandbox):
         return child
 
 
-def _bind_volume(name: str, workdir: str) -> list[str]:
+def _bind_volume(name: str, spec: SandboxSpec) -> list[str]:
     vol = volumes().path(name)
-    return ["--bind", str(vol / "workspace"), workdir, "--bind", str(vol / "tmp"), "/tmp",
-            "--bind", str(vol / "shm"), "/dev/shm",
-            *(arg for d in HARBOR_DIRS for arg in ("--bind", str(vol / d.strip("/")), d))]
+    return ["--bind", str(vol / "tmp"), "/tmp", "--bind", str(vol / "shm"), "/dev/shm",
+            *(arg for d, on_disk in disk_dirs(spec).items()
+              for arg in ("--bind", str(vol / on_disk), d))]
 
 
 # /dev as bubblewrap's --dev makes it (a tmpfs, the harmless device nodes, the fd links), except
@@ -388,7 +396,8 @@ def bwrap_argv(spec: SandboxSpec, extra: Sequence[str], command: Sequence[str],
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
             *caps, "--clearenv", *system_args(spec, 1000, 1000, resolv), "--proc", "/proc",
             *_DEV, "--dir", "/tmp", "--dir", spec.workdir,
-            *(arg for d in HARBOR_DIRS for arg in ("--dir", d)), "--dir", "/.tempering/disk",
+            *(arg for d in (*HARBOR_DIRS, *spec.writable_dirs) for arg in ("--dir", d)),
+            "--dir", "/.tempering/disk",
             *extra, "--ro-bind", h.init, "/.tempering/init", "--remount-ro", "/",
             # /dev is bubblewrap's own tmpfs, outside the disk limit and (for the zygote)
             # shared by every grading: read-only, its nodes still usable; the storage puts

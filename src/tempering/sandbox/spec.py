@@ -19,6 +19,8 @@ BACKENDS: dict[str, str] = {
     "docker": "tempering.sandbox.docker:DockerSandbox",
 }
 
+MAX_WRITABLE_DIRS = 16
+_MOUNTED = ("/proc", "/dev", "/sys", "/tmp", "/.tempering", "/logs", "/tests")
 _SYSTEM_DIRS = {"/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys",
                 "/tmp", "/run", "/var", "/.tempering"}
 
@@ -58,6 +60,11 @@ class SandboxSpec(BaseModel):
     private ranges or link-local (metadata); without it there is only loopback."""
     workdir: str = "/workspace"
     """Writable working directory; relative file-API paths and commands start here."""
+    writable_dirs: tuple[str, ...] = ()
+    """More directories bound from the same disk as the workdir (each counted in ``disk_mb``,
+    forked with it, reached by the file API at its absolute path). Like the workdir, each
+    starts empty and hides what the image has there: a task writes its pristine content in
+    (``grading.capture``). Their mount points must exist in the image or be creatable."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables for every command, on top of a minimal default (PATH, HOME, LANG)."""
     rootfs: str | None = None
@@ -104,6 +111,34 @@ class SandboxSpec(BaseModel):
                              "use a path of its own such as /workspace")
         return norm
 
+    @field_validator("writable_dirs")
+    @classmethod
+    def _valid_writable_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_WRITABLE_DIRS:
+            raise ValueError(f"writable_dirs names {len(value)} directories; at most "
+                             f"{MAX_WRITABLE_DIRS}")
+        for path in value:
+            norm = posixpath.normpath(path) if isinstance(path, str) else ""
+            if not path.startswith("/") or norm != path or norm.startswith("//"):
+                raise ValueError(f"writable dir {path!r} must be a normalised absolute path "
+                                 "such as /etc/myapp")
+            if len(path.encode()) > 200 or ":" in path or "," in path or any(
+                    ord(c) < 32 for c in path):
+                raise ValueError(f"writable dir {path!r}: at most 200 bytes, without ':', ',' "
+                                 "or control characters")
+            under = [d for d in _MOUNTED if path.startswith(d + "/")]
+            if path in _SYSTEM_DIRS or path in _MOUNTED or under:
+                where = f"lies in {under[0]}" if under else "is a system directory"
+                raise ValueError(f"writable dir {path!r} {where}, which the sandbox mounts "
+                                 "itself; name one of the image's own, such as /etc/myapp")
+        for a in value:
+            for b in value:
+                if a != b and (b + "/").startswith(a + "/"):
+                    raise ValueError(f"writable dirs {a!r} and {b!r} nest; name the outer one")
+        if len(set(value)) != len(value):
+            raise ValueError(f"writable_dirs {list(value)!r} names a directory twice")
+        return value
+
     @field_validator("env")
     @classmethod
     def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
@@ -138,6 +173,11 @@ class SandboxSpec(BaseModel):
             raise ValueError(f"recipe {self.recipe!r} is not a directory with a Dockerfile")
         if self.rootfs is not None and self.backend == "docker":
             raise ValueError("rootfs is for the local backend; the docker backend takes an image")
+        for path in self.writable_dirs:
+            if path == self.workdir or (path + "/").startswith(self.workdir + "/") or (
+                    self.workdir + "/").startswith(path + "/"):
+                raise ValueError(f"writable dir {path!r} and the workdir {self.workdir!r} "
+                                 "nest; the workdir is writable already")
         return self
 
     def key(self) -> str:
