@@ -22,7 +22,7 @@ import ast
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.util import MAGIC_NUMBER
 from types import TracebackType
 from typing import Self
@@ -50,6 +50,7 @@ from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
+from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.task import GradingConfig, Task, VerifierConfig
 
@@ -169,16 +170,23 @@ class Grader:
     # ---- grading ----
 
     async def grade(self, task: Task, sb: Sandbox) -> RewardResult:
-        """Grade the agent's final workspace in ``sb`` (which is left as it was)."""
+        """Grade the agent's final workspace, and the task's other captured directories, in
+        ``sb`` (which is left as it was)."""
         start = time.perf_counter()
         # Fitted to the grading sandbox's disk, which is the task's, whatever ``sb`` has.
-        final = await read_sandbox_tree(sb, self.limits, spec=task.sandbox)
-        return await self.grade_files(task, final, start=start)
+        final = (await read_sandbox_tree(sb, self.limits, spec=task.sandbox)
+                 if task.captures_workdir else task.workspace)
+        captured = {d: await read_sandbox_tree(sb, self.limits, spec=task.sandbox, src=d,
+                                               links=True) for d in task.captured}
+        return await self.grade_files(task, final, start=start, captured=captured)
 
-    async def grade_files(self, task: Task, final: FileTree, *,
-                          start: float | None = None) -> RewardResult:
-        """Grade a workspace given as files (``tempering grade --workspace DIR``)."""
+    async def grade_files(self, task: Task, final: FileTree, *, start: float | None = None,
+                          captured: Mapping[str, FileTree] | None = None) -> RewardResult:
+        """Grade a workspace given as files (``tempering grade --workspace DIR``), with the
+        task's other captured directories as ``captured`` has them (default: as its image
+        does)."""
         start = time.perf_counter() if start is None else start
+        captured = task.environment if captured is None else captured
         screened = screen(task, final)
         sources = python_sources(screened)  # decoded once, for both
         found = await asyncio.to_thread(analyse, task, screened, sources,
@@ -194,7 +202,17 @@ class Grader:
                 components["lint"] = 0.0
                 flags.add("lint_unavailable")
                 details.append(f"lint_unavailable: {exc}")
-        tree = task.workspace.overlay(screened.applied, screened.modes)
+        # The captured directories are laid as the agent left them (links as links) beside
+        # the screened workspace, in every grading sandbox: the tests', the verifiers'.
+        confined = {}
+        for where, now in captured.items():
+            confined[where], left = confine_links(where, task.environment.get(where), now)
+            details += [f"capture_left_out: {entry}" for entry in
+                        [*(f"{where}/{e}" for e in now.left_out), *left]]
+        tree = task.workspace.overlay(screened.applied, screened.modes).with_beside(confined)
+        changed = list(screened.changed)
+        for where, now in sorted(confined.items()):
+            changed += [f"{where}/{p}" for p in changes(task.environment.get(where), now)]
         if task.config.grading.runner == "script":
             tests, log, scores = await self._run_script(task, tree, flags, details)
             expected = len(tests)  # what its JUnit report lists, for the report only
@@ -217,7 +235,7 @@ class Grader:
         return RewardResult(
             reward=min(1.0, max(0.0, reward)), components=components, tests_passed=passed,
             tests_total=expected, flags=sorted(flags), details=details, tests=tests,
-            changed_files=screened.changed, duration_s=time.perf_counter() - start, log=log)
+            changed_files=changed, duration_s=time.perf_counter() - start, log=log)
 
     async def _run_tests(self, task: Task, tree: FileTree, flags: set[str], details: list[str]
                          ) -> tuple[list[TestResult], str, dict[str, float]]:
@@ -269,7 +287,8 @@ class Grader:
     def _forks(self, task: Task) -> bool:
         """Whether ``task`` is graded by the zygote (``_run_forked``)."""
         return (self.use_zygote and task.config.grading.runner == "plain"
-                and not task.config.verifiers and grading_spec(task).backend == "local")
+                and not task.config.verifiers and not task.captured
+                and grading_spec(task).backend == "local")
 
     async def isolation(self, task: Task) -> tuple[str, str]:
         """(``process`` or ``shared``, why): how ``task``'s gradings run the tested code
@@ -286,7 +305,8 @@ class Grader:
         async with lock:  # concurrent first gradings of a task try its reference once
             if task.digest not in self._isolations:
                 expected = await self.expected_tests(task)
-                tree = task.workspace.overlay(dict(task.solution.files))
+                tree = task.workspace.overlay(dict(task.solution.files)).with_beside(
+                    task.environment)
                 run, _ = await self._run(task, tree, set(), [], isolation="data")
                 problem = exchanges_data(run, expected)
                 self._isolations[task.digest] = (
@@ -447,7 +467,8 @@ class Grader:
 
     async def _count_expected(self, task: Task) -> int:
         if task.digest not in self._expected:
-            tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {})
+            tree = task.workspace.overlay(dict(task.solution.files) if task.solution else {}
+                                          ).with_beside(task.environment)
             grading = task.config.grading
             launcher = await self._fresh(grading_spec(task), grading.runner)
             try:
@@ -463,6 +484,16 @@ class Grader:
                                     f"({errors}); fix the tests or set grading.expected_tests")
             self._expected[task.digest] = len(run.collected)
         return self._expected[task.digest]
+
+
+def changes(before: FileTree | None, after: FileTree) -> list[str]:
+    """The paths added, modified (content, mode or link target) or deleted from ``before`` to
+    ``after``, sorted."""
+    before = FileTree() if before is None else before
+    paths = {*before.files, *before.links, *after.files, *after.links}
+    return sorted(p for p in paths
+                  if (before.files.get(p), before.links.get(p), before.mode(p))
+                  != (after.files.get(p), after.links.get(p), after.mode(p)))
 
 
 def _write_all(storage: Storage, files: list[tuple[str, bytes, int]]) -> None:

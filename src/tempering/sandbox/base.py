@@ -142,9 +142,16 @@ class Sandbox(abc.ABC):
         the limits left out), never followed. Hard links stay hard links."""
 
     @abc.abstractmethod
-    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None) -> TreeCopy:
+    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None, *,
+                        links: bool = False) -> TreeCopy:
         """The regular files under the directory ``src``, read into memory within ``limits``
-        (default ``CopyLimits()``); what was left out is listed, never raised."""
+        (default ``CopyLimits()``); what was left out is listed, never raised. With ``links``,
+        symbolic links are kept as their targets (``TreeCopy.links``), never followed."""
+
+    @abc.abstractmethod
+    async def write_link(self, path: str, target: str) -> None:
+        """Make a symbolic link at ``path`` (relative to the workdir; parents made) to
+        ``target``, which is never resolved on the host."""
 
     @abc.abstractmethod
     async def list(self, path: str = ".") -> list[str]:

@@ -94,6 +94,9 @@ class TreeCopy:
     left_out: tuple[str, ...] = ()
     left_out_paths: frozenset[str] = frozenset()
     """Every path left out, listed or counted: what a caller decides on, never the text."""
+    links: dict[str, str] = field(default_factory=dict)
+    """Symbolic links by path and target, where the walk was asked to keep them (never
+    followed: the target is text, charged as a file's bytes)."""
 
 
 class Stopped(Exception):
@@ -139,8 +142,10 @@ class Walk:
 
     def __init__(self, rootfd: int, limits: CopyLimits, stop: threading.Event | None = None,
                  opening: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
-                 ) -> None:
+                 *, links: bool = False) -> None:
         self.rootfd, self.limits, self.stop, self.opening = rootfd, limits, stop, opening
+        self.keep_links = links
+        self.links: dict[str, str] = {}  # taken symbolic links (``links=True``): their targets
         self.left_out: list[tuple[str, str]] = []
         self.files = self.examined = self.total = 0
         self._seen: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) -> first path taken
@@ -219,6 +224,8 @@ class Walk:
                             self.leave(path, f"deeper than {limits.max_depth} directories")
                         else:
                             queue.append((path, depth + 1))
+                    elif kind == "link" and self.keep_links:
+                        self._link(fd, name, path)
                     elif kind == "link":
                         self.leave(path, "symbolic link")
                     elif kind == "special":
@@ -229,6 +236,29 @@ class Walk:
                         yield from self._file(fd, name, path)
             finally:
                 os.close(fd)
+
+    def _link(self, dirfd: int, name: str, path: str) -> None:
+        """Keep a symbolic link as its target, charged as a file of that many bytes."""
+        limits = self.limits
+        if self.files >= limits.max_files:
+            self.leave(path, f"more than {limits.max_files} files")
+            return
+        try:
+            with self.opening():
+                target = os.readlink(name, dir_fd=dirfd)
+        except OSError as exc:
+            self.leave(path, f"cannot be read: {exc.strerror}")
+            return
+        size = -(-len(os.fsencode(target)) // PAGE) * PAGE
+        if self.total + size > limits.max_total_bytes:
+            self.leave(path, f"past {limits.max_total_bytes} bytes in all")
+            return
+        if not utf8(target):
+            self.leave(path, "link target is not UTF-8")
+            return
+        self.files += 1
+        self.total += size
+        self.links[path] = target
 
     def _file(self, dirfd: int, name: str, path: str) -> Iterator[Entry]:
         limits = self.limits
@@ -318,8 +348,11 @@ def read_tree(walk: Walk) -> TreeCopy:
         if data is not None:
             files[entry.path] = data
             modes[entry.path] = 0o755 if entry.info.st_mode & 0o111 else 0o644
+    links = {path: target for path, target in walk.links.items() if utf8(path)}
+    for path in walk.links.keys() - links.keys():
+        walk.leave(printable(path), "name is not UTF-8")
     return TreeCopy(files, modes, summary(walk.left_out),
-                    frozenset(path for path, _ in walk.left_out))
+                    frozenset(path for path, _ in walk.left_out), links)
 
 
 def utf8(name: str) -> bool:

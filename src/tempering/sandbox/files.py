@@ -218,7 +218,7 @@ class Storage:
             for name in files:
                 src = os.path.join(top, name)
                 if os.path.islink(src):
-                    self._symlink(os.readlink(src), posixpath.join(target, name))
+                    self.symlink(os.readlink(src), posixpath.join(target, name))
                 elif os.path.isfile(src):
                     with open(src, "rb") as f:
                         self.write(posixpath.join(target, name), f.read(),
@@ -226,18 +226,26 @@ class Storage:
             for name in dirs:
                 src = os.path.join(top, name)
                 if os.path.islink(src):
-                    self._symlink(os.readlink(src), posixpath.join(target, name))
+                    self.symlink(os.readlink(src), posixpath.join(target, name))
 
     @_confined
     def _mkdirs(self, path: str) -> None:
         os.close(self._dirfd(path, create=True))
 
     @_confined
-    def _symlink(self, target: str, path: str) -> None:
+    def symlink(self, target: str, path: str) -> None:
+        """A symbolic link at ``path`` (parents made) holding ``target``, never resolved here;
+        a link or file already there is replaced, a directory is not."""
         parent, name = posixpath.split(posixpath.normpath(path))
+        if name in ("", ".", "..") or "\0" in target or not target:
+            raise SandboxPathError(f"cannot make link {path!r} -> {target!r}")
         dirfd = self._dirfd(parent or ".", create=True)
         try:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(name, dir_fd=dirfd)
             os.symlink(target, name, dir_fd=dirfd)
+        except OSError as exc:
+            raise _path_error(path, exc) from None
         finally:
             os.close(dirfd)
 
@@ -268,14 +276,14 @@ class Storage:
             os.close(fd)
 
     def read_tree(self, src: str, limits: CopyLimits,
-                  stop: threading.Event | None = None) -> TreeCopy:
+                  stop: threading.Event | None = None, *, links: bool = False) -> TreeCopy:
         """The regular files under the directory ``src``, read into memory within ``limits``
         (``copyout.py``), opened as the sandbox's user but past its permission bits: a
         workspace the agent made unreadable (``chmod 000``) is still read, not an error."""
         with self._reading():
             fd = self._open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
         try:
-            return read_tree(Walk(fd, limits, stop, self._reading))
+            return read_tree(Walk(fd, limits, stop, self._reading, links=links))
         finally:
             os.close(fd)
 
@@ -373,9 +381,15 @@ class HostFileSandbox(Sandbox):
         limits = limits or download_limits(self.spec.disk_mb)
         return await _stoppable(lambda stop: files.download(src, local, limits, stop))
 
-    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None) -> TreeCopy:
+    async def read_tree(self, src: str = ".", limits: CopyLimits | None = None, *,
+                        links: bool = False) -> TreeCopy:
         files = self._files()
-        return await _stoppable(lambda stop: files.read_tree(src, limits or CopyLimits(), stop))
+        return await _stoppable(lambda stop: files.read_tree(src, limits or CopyLimits(), stop,
+                                                             links=links))
+
+    async def write_link(self, path: str, target: str) -> None:
+        self._files().symlink(target, path)
+        self._command_finished()
 
     async def list(self, path: str = ".") -> list[str]:
         return self._files().listdir(path)

@@ -21,7 +21,7 @@ import stat
 import subprocess
 import tarfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tempering.errors import SandboxUnavailableError
@@ -285,14 +285,16 @@ class ImageFiles:
     modes: dict[str, int]
     left_out: list[str]  # "path (why)": links, special files, past the limits
     workdir: str  # the image's working directory ("" when it sets none)
+    links: dict[str, str] = field(default_factory=dict)  # symbolic links, with ``links=True``
 
 
 async def image_files(ref: str, path: str | None = None, *, max_files: int = 10_000,
-                      max_bytes: int = 256 << 20, engine: Engine | None = None) -> ImageFiles:
+                      max_bytes: int = 256 << 20, engine: Engine | None = None,
+                      links: bool = False) -> ImageFiles:
     """What image ``ref`` holds below ``path`` (default: its working directory), read through a
-    created, never started container of it, which is removed after. Links and special files
-    are left out and listed, never followed; past ``max_files`` or ``max_bytes`` the reading
-    stops with the rest left out."""
+    created, never started container of it, which is removed after. Links (unless ``links``
+    asks for them, as links) and special files are left out and listed, never followed; past
+    ``max_files`` or ``max_bytes`` the reading stops with the rest left out."""
     engine = engine or Engine()
     info = (await engine.request("GET", f"/images/{ref}/json", what=f"inspecting {ref}")).json()
     workdir = str((info.get("Config") or {}).get("WorkingDir") or "")
@@ -316,12 +318,14 @@ async def image_files(ref: str, path: str | None = None, *, max_files: int = 10_
             data.append(chunk)
     finally:
         await engine.remove(container)
-    return _archive_files(b"".join(data), workdir, max_files, max_bytes)
+    return _archive_files(b"".join(data), workdir, max_files, max_bytes, links)
 
 
-def _archive_files(data: bytes, workdir: str, max_files: int, max_bytes: int) -> ImageFiles:
+def _archive_files(data: bytes, workdir: str, max_files: int, max_bytes: int,
+                   keep_links: bool = False) -> ImageFiles:
     files: dict[str, bytes] = {}
     modes: dict[str, int] = {}
+    links: dict[str, str] = {}
     left_out: list[str] = []
     total = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
@@ -329,14 +333,16 @@ def _archive_files(data: bytes, workdir: str, max_files: int, max_bytes: int) ->
             name = member.name.partition("/")[2]  # the archive's top is the directory itself
             if not name or member.isdir():
                 continue
-            if not member.isfile():
+            if member.issym() and keep_links and len(files) + len(links) < max_files:
+                links[name] = member.linkname
+            elif not member.isfile():
                 why = "symbolic link" if member.issym() else "not a regular file"
                 left_out.append(f"{name} ({why})")
-            elif len(files) >= max_files or total + member.size > max_bytes:
+            elif len(files) + len(links) >= max_files or total + member.size > max_bytes:
                 left_out.append(f"{name} (past the limits)")
             else:
                 reader = archive.extractfile(member)
                 files[name] = reader.read() if reader is not None else b""
                 modes[name] = member.mode & 0o7777
                 total += member.size
-    return ImageFiles(files, modes, left_out, workdir)
+    return ImageFiles(files, modes, left_out, workdir, links)

@@ -32,6 +32,10 @@ class FileTree(Mapping[str, bytes]):
     modes: Mapping[str, int] = field(default_factory=dict)
     left_out: tuple[str, ...] = ()  # "path (why)" for entries not taken (100, then a count)
     left_out_paths: frozenset[str] = frozenset()  # the path of every entry not taken
+    links: Mapping[str, str] = field(default_factory=dict)  # symbolic links kept: targets
+    beside: Mapping[str, FileTree] = field(default_factory=dict)
+    """Trees laid at other absolute paths with this one (a task's captured directories,
+    ``grading.capture``): ``write_into`` writes them too."""
 
     def __getitem__(self, path: str) -> bytes:
         return self.files[path]
@@ -53,6 +57,10 @@ class FileTree(Mapping[str, bytes]):
         for path in self:
             h.update(f"{path}\0{self.mode(path):o}\0{len(self.files[path])}\0".encode())
             h.update(self.files[path])
+        for path in sorted(self.links):
+            h.update(f"{path}\0->\0{self.links[path]}\0".encode())
+        for where in sorted(self.beside):
+            h.update(f"{where}\0{self.beside[where].digest()}\0".encode())
         return h.hexdigest()
 
     @classmethod
@@ -62,48 +70,65 @@ class FileTree(Mapping[str, bytes]):
                     for p, d in files.items()})
 
     @classmethod
-    def read(cls, root: Path | str, limits: Limits | None = None) -> FileTree:
-        """Read every regular file under ``root`` within ``limits`` (symbolic links and special
-        files are left out, never followed); an absent root is an empty tree."""
+    def read(cls, root: Path | str, limits: Limits | None = None, *,
+             links: bool = False) -> FileTree:
+        """Read every regular file under ``root`` within ``limits`` (symbolic links, unless
+        ``links`` keeps them as links, and special files are left out, never followed); an
+        absent root is an empty tree."""
         try:
             fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return cls()
         try:
-            copy = read_tree(Walk(fd, limits or Limits()))
+            copy = read_tree(Walk(fd, limits or Limits(), links=links))
         finally:
             os.close(fd)
-        return cls(copy.files, copy.modes, copy.left_out, copy.left_out_paths)
+        return cls(copy.files, copy.modes, copy.left_out, copy.left_out_paths, copy.links)
 
     def overlay(self, changes: Mapping[str, bytes | None],
                 modes: Mapping[str, int] | None = None) -> FileTree:
-        """This tree with ``changes`` applied (None deletes a path)."""
+        """This tree with ``changes`` applied (None deletes a path, link or file)."""
         files = dict(self.files)
         new_modes = dict(self.modes)
+        links = dict(self.links)
         for path, data in changes.items():
+            links.pop(path, None)
             if data is None:
                 files.pop(path, None)
                 new_modes.pop(path, None)
             else:
                 files[path] = data
                 new_modes[path] = (modes or {}).get(path, self.mode(path))
-        return FileTree(files, new_modes)
+        return FileTree(files, new_modes, links=links, beside=self.beside)
+
+    def with_beside(self, trees: Mapping[str, FileTree]) -> FileTree:
+        """This tree with ``trees`` to lay beside it, by absolute path."""
+        return FileTree(self.files, self.modes, self.left_out, self.left_out_paths, self.links,
+                        dict(trees))
 
     async def write_into(self, sb: Sandbox, dest: str = ".") -> None:
-        """Write every file into ``sb`` under ``dest`` (relative to its workdir)."""
+        """Write every file and link into ``sb`` under ``dest`` (relative to its workdir), and
+        the trees ``beside`` it at their paths."""
         for path in self:
             target = path if dest in (".", "") else posixpath.join(dest, path)
             await sb.write_file(target, self.files[path], self.mode(path))
+        for path in sorted(self.links):
+            target = path if dest in (".", "") else posixpath.join(dest, path)
+            await sb.write_link(target, self.links[path])
+        for where in sorted(self.beside):
+            await self.beside[where].write_into(sb, where)
 
 
 async def read_sandbox_tree(sb: Sandbox, limits: Limits | None = None, *,
-                            spec: SandboxSpec | None = None) -> FileTree:
-    """The files in a sandbox's workdir, by content, read straight into memory through the
-    sandbox's file API within ``limits``, lowered so that the tree fits back into a grading
-    sandbox of ``spec`` (default: the sandbox's own; ``CopyLimits.fitting``). Never raises
-    for the workspace's shape: what is left out is listed."""
-    copy = await sb.read_tree(".", (limits or Limits()).fitting(spec or sb.spec))
-    return FileTree(copy.files, copy.modes, copy.left_out, copy.left_out_paths)
+                            spec: SandboxSpec | None = None, src: str = ".",
+                            links: bool = False) -> FileTree:
+    """The files in a sandbox's workdir (or its directory ``src``), by content, read straight
+    into memory through the sandbox's file API within ``limits``, lowered so that the tree
+    fits back into a grading sandbox of ``spec`` (default: the sandbox's own;
+    ``CopyLimits.fitting``); with ``links``, symbolic links as links. Never raises for the
+    tree's shape: what is left out is listed."""
+    copy = await sb.read_tree(src, (limits or Limits()).fitting(spec or sb.spec), links=links)
+    return FileTree(copy.files, copy.modes, copy.left_out, copy.left_out_paths, copy.links)
 
 
 def check_path(path: str) -> str:

@@ -21,7 +21,9 @@ a ``Task`` of it:
 - the verifier: ``runner = "script"``, ``bash /tests/test.sh`` with the tests at ``/tests``
   (read-only), ``[verifier] timeout_sec`` and ``env`` (``reward/script.py``);
 - the solution: ``solution/`` is run as ``bash solve.sh`` in the agent's sandbox (its files at
-  ``/tmp/solution``) by ``tempering tasks validate``, which then grades the sandbox.
+  ``/tmp/solution``) by ``tempering tasks validate``, which then grades the sandbox;
+- ``[tempering] capture`` (this project's key, which harbor ignores): the directories of the
+  image the grade depends on beside the workdir (``grading.capture``, ``tasks/capture.py``).
 
 What the format has that this cannot honour is refused with an error that says so: several
 containers (``docker-compose.yaml``), an LLM judge, multi-step tasks, GPUs, MCP servers. The
@@ -41,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from tempering.errors import ConfigError, SandboxError
 from tempering.sandbox import SandboxSpec
 from tempering.sandbox.spec import host_cpus
@@ -51,6 +55,7 @@ from tempering.tasks.task import (
     Task,
     TaskConfig,
     TaskInfo,
+    environment_of,
 )
 
 SOLUTION_DIR = "/tmp/solution"
@@ -86,6 +91,11 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
     verifier = _table(raw, "verifier", problems)
     environment = _table(raw, "environment", problems)
     agent = _table(raw, "agent", problems)
+    ours = _table(raw, "tempering", problems)  # this project's own keys: capture
+    capture = ours.get("capture", [])
+    if not isinstance(capture, list) or not all(isinstance(c, str) for c in capture):
+        problems.append(f"[tempering] capture must be a list of absolute paths, not {capture!r}")
+        capture = []
     if verifier.get("type", "test-script") != "test-script" or "judge" in verifier:
         problems.append("[verifier]: an LLM judge is not supported: a grade here comes from "
                         "the task's own test script, never from a model")
@@ -110,7 +120,7 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
                           "\n".join(f"  - {p}" for p in problems))
     sandbox, workspace = _environment(root, environment, limits, backend)
     grading = GradingConfig(runner="script", command=f"bash {HARBOR_TESTS}/test.sh",
-                            tests_dir=HARBOR_TESTS,
+                            tests_dir=HARBOR_TESTS, capture=capture,
                             timeout_s=float(verifier.get("timeout_sec", 600.0)),
                             env={str(k): str(v) for k, v in
                                  (verifier.get("env") or {}).items()})
@@ -124,8 +134,17 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
         notes.append(f"agent timeout {agent['timeout_sec']} s is the rollout's to keep")
     info = TaskInfo(id=_task_id(root), family=str(metadata.get("category", "")),
                     description=(first[:120] + (f" ({'; '.join(notes)})" if notes else "")))
-    config = TaskConfig(task=info, sandbox=sandbox, grading=grading)
-    return Task(config, instruction, workspace, tests, None, FileTree(), root, solve=solution)
+    try:
+        config = TaskConfig(task=info, sandbox=sandbox, grading=grading)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid harbor task {root}:\n" + "\n".join(
+            f"  - {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
+    environment, problems = environment_of(config, limits)
+    if problems:
+        raise ConfigError(f"invalid harbor task {root}:\n" +
+                          "\n".join(f"  - {p}" for p in problems))
+    return Task(config, instruction, workspace, tests, None, FileTree(), root, solve=solution,
+                environment=environment)
 
 
 def _table(raw: dict[str, Any], name: str, problems: list[str]) -> dict[str, Any]:

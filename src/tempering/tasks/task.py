@@ -15,12 +15,14 @@ directory again, so editing a task directory mid-run changes nothing already loa
 
 from __future__ import annotations
 
+import functools
 import keyword
 import posixpath
 import shlex
 import tomllib
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -35,8 +37,9 @@ from pydantic import (
     model_validator,
 )
 
-from tempering.errors import ConfigError
+from tempering.errors import ConfigError, SandboxError
 from tempering.sandbox import Sandbox, SandboxSpec
+from tempering.tasks.capture import check_paths, extra_dirs, image_problems, pristine_trees
 from tempering.tasks.files import FileTree, Limits, check_path
 
 BUILTIN_COMPONENTS = ("tests", "lint", "rules", "fail_to_pass", "pass_to_pass")
@@ -91,6 +94,13 @@ class GradingConfig(_Model):
     env: dict[str, str] = {}
     """For ``runner = "script"``: environment variables of the test script (never the
     agent's)."""
+    capture: list[str] = []
+    """The directories of the environment the grade depends on (absolute paths): the agent's
+    tree under each, links as links, is laid into the same directory of the fresh grading
+    sandbox; nothing else it changed reaches the grading. Default: the workdir only. Another
+    directory of the image (``/etc/myapp``) becomes writable for the agent, starting as the
+    image has it (``tasks/capture.py``); one that would let the agent replace the verifier's
+    interpreter or tools is refused."""
     tests_dir: str = "tests"
     """Where the hidden tests are placed in the grading sandbox, relative to the workdir; for
     ``runner = "script"`` also ``/tests`` (harbor's place, outside the workdir)."""
@@ -303,6 +313,13 @@ class TaskConfig(_Model):
     verifiers: list[VerifierConfig] = []
 
     @model_validator(mode="after")
+    def _capture(self) -> TaskConfig:
+        problems = check_paths(self.grading.capture, self.sandbox, self.grading.env)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _known_components(self) -> TaskConfig:
         clash = set(self.grading.components) & {c for v in self.verifiers
                                                 for c in v.component_names}
@@ -338,6 +355,9 @@ class Task:
     solve: FileTree | None = None
     """A harbor task's ``solution/``: ``solve.sh`` run in the agent's sandbox is the reference
     (``solution`` holds files laid over the workspace instead)."""
+    environment: Mapping[str, FileTree] = field(default_factory=dict)
+    """The pristine tree of each captured directory other than the workdir (as the image
+    holds it), by absolute path (``grading.capture``)."""
 
     @property
     def id(self) -> str:
@@ -348,9 +368,25 @@ class Task:
         return self.config.task.family or self.id
 
     @property
+    def captured(self) -> tuple[str, ...]:
+        """The captured directories other than the workdir (``grading.capture``)."""
+        return extra_dirs(self.config.grading.capture, self.config.sandbox.workdir)
+
+    @property
+    def captures_workdir(self) -> bool:
+        capture = self.config.grading.capture
+        return not capture or self.config.sandbox.workdir in capture
+
+    @cached_property
     def sandbox(self) -> SandboxSpec:
-        """The spec of the agent's sandbox (the grading sandbox uses it too)."""
-        return self.config.sandbox
+        """The spec of the agent's sandbox (the grading sandbox uses it too): the task's, with
+        the captured directories writable."""
+        spec = self.config.sandbox
+        more = tuple(d for d in self.captured if d not in spec.writable_dirs)
+        if not more:
+            return spec
+        return SandboxSpec.model_validate({**spec.model_dump(),
+                                           "writable_dirs": (*spec.writable_dirs, *more)})
 
     @cached_property
     def digest(self) -> str:
@@ -360,12 +396,16 @@ class Task:
         parts = [self.config.model_dump_json(), self.instruction, self.workspace.digest(),
                  self.tests.digest(), self.verifiers.digest(),
                  self.solution.digest() if self.solution is not None else "-",
-                 self.solve.digest() if self.solve is not None else "-"]
+                 self.solve.digest() if self.solve is not None else "-",
+                 *(f"{d}\0{tree.digest()}" for d, tree in sorted(self.environment.items()))]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     async def prepare(self, sb: Sandbox) -> None:
-        """Put the workspace files into the agent's sandbox; never the tests or the solution."""
+        """Put the workspace files, and the captured directories as the image has them, into
+        the agent's sandbox; never the tests or the solution."""
         await self.workspace.write_into(sb)
+        for path, tree in self.environment.items():
+            await tree.write_into(sb, path)
 
     def __repr__(self) -> str:
         return f"Task({self.id!r}, {len(self.workspace)} workspace files, {len(self.tests)} tests)"
@@ -409,13 +449,43 @@ def load_task(path: str | Path, limits: Limits | None = None, *,
         problems.append("tests/ is missing or empty: a task needs hidden tests")
     for name, tree in trees.items():
         problems += [f"{name}/{entry}: left out" for entry in tree.left_out]
+    environment: dict[str, FileTree] = {}
     if config is not None:
         problems += _check_files(config, trees)
+    if config is not None and not problems:
+        environment, found = environment_of(config, limits)
+        problems += found
     if problems or config is None:
         raise ConfigError(f"invalid task {root}:\n" + "\n".join(f"  - {p}" for p in problems))
     return Task(config, instruction, trees["workspace"], trees["tests"],
                 trees["solution"] if (root / "solution").is_dir() else None,
-                trees["verifiers"], root)
+                trees["verifiers"], root, environment=environment)
+
+
+def environment_of(config: TaskConfig, limits: Limits | None = None
+                   ) -> tuple[dict[str, FileTree], list[str]]:
+    """The pristine trees of the task's captured directories beyond the workdir, read from its
+    image, and what is wrong with them (``tasks/capture.py``); asked of the image once per
+    process (a task loaded again, in a worker, costs nothing more)."""
+    dirs = extra_dirs(config.grading.capture, config.sandbox.workdir)
+    if not dirs:
+        return {}, []
+    try:
+        trees, problems = _environment(config.sandbox.key(), dirs, limits or Limits())
+    except SandboxError as exc:  # not remembered: the next load asks again
+        return {}, [f"grading.capture: {exc}"]
+    return dict(trees), list(problems)
+
+
+@functools.lru_cache(maxsize=64)
+def _environment(spec_key: str, dirs: tuple[str, ...], limits: Limits
+                 ) -> tuple[dict[str, FileTree], tuple[str, ...]]:
+    spec = SandboxSpec.model_validate_json(spec_key)
+    problems = image_problems(spec, dirs)
+    if problems:
+        return {}, tuple(problems)
+    trees, found = pristine_trees(spec, dirs, limits)
+    return trees, tuple(found)
 
 
 def _check_files(config: TaskConfig, trees: dict[str, FileTree]) -> list[str]:

@@ -1,0 +1,247 @@
+"""``grading.capture``: a task's grade depends on directories of its environment beyond the
+workdir. The agent's tree there (links as links) is laid into a fresh grading sandbox of the
+same image; nothing else it changed gets there; a capture that would let the agent replace the
+verifier's interpreter or tools is refused when the task loads, with the path named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tempering.errors import ConfigError
+from tempering.reward import Grader
+from tempering.reward.grader import changes
+from tempering.sandbox import open_sandbox
+from tempering.tasks import load_task
+from tempering.tasks.capture import confine_links
+from tempering.tasks.files import FileTree
+from tempering.tasks.validate import validate_task
+
+HARBOR_TOML = """version = "1.0"
+
+[metadata]
+category = "web"
+
+[verifier]
+timeout_sec = 60.0
+
+[environment]
+cpus = 1
+memory_mb = 512
+storage_mb = 256
+
+[tempering]
+capture = {capture}
+"""
+
+# A page to publish outside the workdir; /app (the workdir) is not captured, so nothing the
+# agent leaves there reaches the verifier.
+SITE = {
+    "instruction.md": "Publish /srv/site/index.html saying hello, with home.html a link to it.\n",
+    "environment/Dockerfile": "FROM tempering/python:latest\nWORKDIR /app\nCOPY notes.txt /app/\n",
+    "environment/notes.txt": "notes\n",
+    "tests/expected.html": "hello\n",
+    "tests/test.sh": """#!/bin/bash
+if cmp -s /srv/site/index.html /tests/expected.html && [ ! -e /app/extra ] \\
+   && [ "$(readlink /srv/site/home.html)" = index.html ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+""",
+    "solution/solve.sh": """#!/bin/bash
+echo hello > /srv/site/index.html
+ln -s index.html /srv/site/home.html
+echo x > /app/extra
+""",
+}
+
+# A service's configuration in /etc to repair, built into the image: the fix must change a
+# file, keep the image's link and delete a stale file.
+CONF = {
+    "instruction.md": "The app reads /etc/myapp/app.conf: make it port 8080, drop stale.\n",
+    "environment/Dockerfile": (
+        "FROM tempering/python:latest\nWORKDIR /app\nUSER root\n"
+        "RUN mkdir -p /etc/myapp && printf 'port=0\\n' > /etc/myapp/app.conf "
+        "&& ln -s app.conf /etc/myapp/current.conf && echo old > /etc/myapp/stale\n"),
+    "tests/test.sh": """#!/bin/bash
+if grep -qx port=8080 /etc/myapp/current.conf && [ ! -e /etc/myapp/stale ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+""",
+    "solution/solve.sh": "#!/bin/bash\nsed -i s/port=0/port=8080/ /etc/myapp/app.conf\n"
+                         "rm /etc/myapp/stale\n",
+}
+
+
+def harbor_task(root: Path, files: dict[str, str], capture: list[str]) -> Path:
+    toml = HARBOR_TOML.format(capture="[" + ", ".join(f'"{c}"' for c in capture) + "]")
+    for path, text in {"task.toml": toml, **files}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def our_task(root: Path, capture: list[str], *, env: str = "",
+             tests: str = "def test_x():\n    pass\n") -> Path:
+    (root / "tests").mkdir(parents=True)
+    (root / "workspace").mkdir()
+    (root / "instruction.md").write_text("Do it.\n")
+    (root / "tests" / "test_out.py").write_text(tests)
+    capture_list = "[" + ", ".join(f'"{c}"' for c in capture) + "]"
+    (root / "task.toml").write_text(f'[task]\nid = "cap"\n\n[sandbox]\nbackend = "local"\n'
+                                    f'{env}\n[grading]\ncapture = {capture_list}\n')
+    return root
+
+
+@pytest.mark.parametrize(("capture", "named"), [
+    (["/usr/local/bin"], "/usr"),
+    (["/usr"], "/usr"),
+    (["/lib/x"], "/lib"),
+    (["/etc"], "/etc"),
+    (["/etc/alternatives"], "/etc/alternatives"),
+    (["/etc/python3.12"], "/etc/python"),
+    (["/"], "/"),
+    (["/tests"], "/tests"),
+    (["/logs/verifier"], "/logs"),
+    (["/tmp/x"], "/tmp"),
+    (["/workspace/src"], "nest"),
+    (["srv/x"], "normalised absolute"),
+    (["/srv/a/../b"], "normalised absolute"),
+    (["/srv/x", "/srv/x"], "twice"),
+])
+def test_a_capture_of_the_verifiers_tools_is_refused_naming_the_path(
+        tmp_path: Path, capture: list[str], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_task(our_task(tmp_path / "t", capture))
+    assert f"{capture[0]!r}" in str(info.value) and named in str(info.value), info.value
+
+
+def test_a_capture_on_a_search_path_is_refused(tmp_path: Path) -> None:
+    """A directory the verifier's programs load code from is the verifier's, whatever its
+    name: on PATH, PYTHONPATH, LD_LIBRARY_PATH of the sandbox's environment."""
+    for var in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
+        root = our_task(tmp_path / var, ["/opt/app"],
+                        env=f'env = {{ {var} = "/usr/bin:/opt/app/lib" }}\n')
+        with pytest.raises(ConfigError, match=f"{var} names /opt/app/lib"):
+            load_task(root)
+
+
+def test_links_that_lead_out_of_a_captured_directory_are_left_out() -> None:
+    """In the grading sandbox a link resolves there, where /tests holds the hidden tests: a
+    link the agent made is kept only when it cannot leave its directory, whatever its
+    components (relative without '..', or absolute below it); the image's own links stay."""
+    pristine = FileTree(links={"img": "/usr/share/doc"})
+    final = FileTree({"a.html": b"a"}, links={
+        "img": "/usr/share/doc", "home.html": "a.html", "deep": "sub/x", "abs": "/srv/site/a",
+        "tests": "/tests/expected.html", "up": "../site/a.html", "dots": "sub/../../x",
+        "proc": "/proc/self/root/tests/e", "other": "/usr/share/doc", "empty": ""})
+    kept, left = confine_links("/srv/site", pristine, final)
+    assert sorted(kept.links) == ["abs", "deep", "home.html", "img"]
+    assert sorted(entry.split(" ")[0] for entry in left) == [
+        f"/srv/site/{n}" for n in ("dots", "empty", "other", "proc", "tests", "up")]
+    assert changes(pristine, kept) == ["a.html", "abs", "deep", "home.html"]
+    assert changes(kept, kept.overlay({"a.html": None})) == ["a.html"]
+
+
+async def test_a_captured_directory_is_graded_in_a_fresh_sandbox(tmp_path: Path) -> None:
+    """The local backend: /srv/site is the agent's to write (empty in the image), the
+    solution's page and link reach the verifier, its file in the uncaptured workdir does not;
+    untouched scores 0."""
+    task = load_task(harbor_task(tmp_path / "site", SITE, ["/srv/site"]), backend="local")
+    assert task.sandbox.writable_dirs == ("/srv/site",) and not task.captures_workdir
+    async with Grader() as grader:
+        validation = await validate_task(task, grader)
+    assert validation.ok, validation.problems
+    assert validation.solution is not None and validation.untouched is not None
+    assert validation.solution.changed_files == ["/srv/site/home.html", "/srv/site/index.html"]
+    assert validation.untouched.reward == 0.0
+
+
+async def test_what_the_agent_leaves_elsewhere_or_links_to_never_counts(tmp_path: Path) -> None:
+    """The page in /tmp or in the workdir, a link to the hidden expected page, a link whose
+    components climb out: all 0; the link is listed as left out."""
+    task = load_task(harbor_task(tmp_path / "site", SITE, ["/srv/site"]), backend="local")
+    attempts = {
+        "tmp": "echo hello > /tmp/index.html; ln -s index.html /srv/site/home.html",
+        "workdir": "echo hello > /app/index.html; ln -s index.html /srv/site/home.html",
+        "link-to-tests": "ln -s /tests/expected.html /srv/site/index.html; "
+                         "ln -s index.html /srv/site/home.html",
+        "link-climbs": "ln -s ../../tests/expected.html /srv/site/index.html; "
+                       "ln -s index.html /srv/site/home.html",
+    }
+    async with Grader() as grader:
+        for name, script in attempts.items():
+            async with open_sandbox(task.sandbox) as sb:
+                await task.prepare(sb)
+                assert (await sb.exec(script)).exit_code == 0
+                result = await grader.grade(task, sb)
+            assert result.reward == 0.0, (name, result.log)
+            if name.startswith("link"):
+                assert any("capture_left_out: /srv/site/index.html" in d
+                           for d in result.details), (name, result.details)
+
+
+async def test_pytest_tests_see_the_captured_directory(tmp_path: Path) -> None:
+    """Not only scripts: hidden pytest tests read the captured directory as the agent left it,
+    beside the workspace."""
+    tests = ("import json\n\ndef test_result():\n"
+             "    assert json.load(open('/srv/out/result.json')) == {'ok': True}\n")
+    root = our_task(tmp_path / "t", ["/workspace", "/srv/out"], tests=tests)
+    (root / "task.toml").write_text((root / "task.toml").read_text() +
+                                    "expected_tests = 1\n")
+    task = load_task(root)
+    async with Grader() as grader:
+        done = await grader.grade_files(task, task.workspace, captured={
+            "/srv/out": FileTree.of({"result.json": '{"ok": true}'})})
+        undone = await grader.grade_files(task, task.workspace)
+    assert done.reward == 1.0, done.log
+    assert undone.reward == 0.0
+
+
+async def test_an_episode_plays_a_task_with_a_captured_directory(tmp_path: Path) -> None:
+    from tempering.agent import run_episode
+    from tempering.policy.scripted import ScriptedPolicy
+
+    task = load_task(harbor_task(tmp_path / "site", SITE, ["/srv/site"]), backend="local")
+    actions = [("bash", {"command": "echo hello > /srv/site/index.html && "
+                                    "ln -s index.html /srv/site/home.html"}), ("submit", {})]
+    async with Grader() as grader:
+        episode = await run_episode(task, ScriptedPolicy(actions), grader=grader)
+    assert episode.reward is not None and episode.reward.reward == 1.0, episode.error
+
+
+@pytest.mark.docker
+@pytest.mark.slow  # CI's slow half: image builds and containers
+async def test_a_captured_directory_of_the_image_on_the_docker_backend(
+        tmp_path: Path, docker_ready: None) -> None:
+    """The image's /etc/myapp starts as built (a file, a link, a stale file); the repair's
+    change set (a modified file, a deleted one, the link kept) reaches the fresh sandbox."""
+    task = load_task(harbor_task(tmp_path / "conf", CONF, ["/etc/myapp"]))
+    pristine = task.environment["/etc/myapp"]
+    assert pristine["app.conf"] == b"port=0\n" and pristine.links == {"current.conf": "app.conf"}
+    async with Grader() as grader:
+        validation = await validate_task(task, grader)
+    assert validation.ok, validation.problems
+    assert validation.solution is not None
+    assert validation.solution.changed_files == ["/etc/myapp/app.conf", "/etc/myapp/stale"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize(("capture", "error"), [
+    (["/opt/tool"], "/usr/bin/tool resolves to /opt/tool/run"),
+    (["/srv/web/x"], "lies behind a link in the image"),
+    (["/etc/myapp/app.conf"], "is not a directory in the image"),
+])
+async def test_the_image_is_asked_what_a_capture_would_reach(
+        tmp_path: Path, docker_ready: None, capture: list[str], error: str) -> None:
+    build = ("RUN mkdir -p /opt/tool /srv /usr/share/site && printf '#!/bin/sh\\n' > "
+             "/opt/tool/run && ln -s /opt/tool/run /usr/bin/tool && "
+             "ln -s /usr/share/site /srv/web\n")
+    files = {**CONF, "environment/Dockerfile": CONF["environment/Dockerfile"] + build}
+    with pytest.raises(ConfigError, match=error):
+        load_task(harbor_task(tmp_path / "t", files, capture))
