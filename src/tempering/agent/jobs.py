@@ -25,6 +25,7 @@ from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, Scrip
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.scheduler.job import JobContext, Paused, at_worker_stop
 from tempering.scheduler.resources import Resources
+from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
 from tempering.trajectory.schema import Status, Trajectory
 
@@ -44,13 +45,16 @@ async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
                       config: EpisodeConfig | None = None, grader: Any = None,
                       recorder: Recorder | str | None = None, run_id: str = "",
                       group_id: str = "", sample_index: int = 0,
-                      keep_when_paused: Resources | None = None) -> Trajectory | Paused:
-    """Play (or resume) one episode; see the module docstring."""
+                      keep_when_paused: Resources | None = None,
+                      root: PreparedRoot | None = None) -> Trajectory | Paused:
+    """Play (or resume) one episode; see the module docstring. With ``root`` (in process: the
+    group's prepared sandbox) the episode's sandbox is a fork of it."""
     paused: PausedEpisode | None = ctx.resume
     if paused is None:
         the_task = task if isinstance(task, Task) else _task(task)
         episode, sandbox = await _start(the_task, _policy(policy), config, grader,
-                                        _recorder(recorder), run_id, group_id, sample_index)
+                                        _recorder(recorder), run_id, group_id, sample_index,
+                                        root)
         if episode.ending is not None:  # the sandbox did not start: recorded already
             return await episode.finish()
     else:
@@ -78,9 +82,10 @@ async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
 
 async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grader: Any,
                  recorder: Recorder | None, run_id: str, group_id: str,
-                 sample_index: int) -> tuple[Episode, Sandbox | None]:
+                 sample_index: int, root: PreparedRoot | None = None
+                 ) -> tuple[Episode, Sandbox | None]:
     try:
-        sandbox = await open_sandbox(task.sandbox)
+        sandbox = await (root.sandbox() if root is not None else open_sandbox(task.sandbox))
     except Exception as exc:  # noqa: BLE001 - becomes an infra_error trajectory
         episode = Episode(task, policy, None, config=config, grader=grader, recorder=recorder,
                           run_id=run_id, group_id=group_id, sample_index=sample_index)
@@ -91,7 +96,8 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
                       run_id=run_id, group_id=group_id, sample_index=sample_index)
     episode.begin()
     try:
-        await task.prepare(sandbox)
+        if root is None:  # a fork of the root is prepared already
+            await task.prepare(sandbox)
     except Exception as exc:  # noqa: BLE001
         episode.ending = Ending.failed(exc, where="sandbox: ")
     return episode, sandbox

@@ -19,6 +19,7 @@ from tempering.agent.episode import EpisodeConfig, Recorder
 from tempering.agent.jobs import PolicyRef, episode_job
 from tempering.errors import ConfigError
 from tempering.scheduler import JobResult, JobSpec, JobStatus, Resources, Scheduler
+from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
 from tempering.trajectory.schema import Trajectory, new_id
 
@@ -41,8 +42,10 @@ async def run_rollouts(tasks: Sequence[Task], policy: PolicyRef, *, scheduler: S
                        remote: bool = False, demand: Resources = EPISODE_DEMAND,
                        priority: int = 0,
                        on_result: Callable[[JobResult], None] | None = None,
-                       ) -> list[Trajectory]:
-    """Play ``samples`` kept episodes of every task; returns the kept trajectories."""
+                       fork_groups: bool = True) -> list[Trajectory]:
+    """Play ``samples`` kept episodes of every task; returns the kept trajectories. In process,
+    with ``fork_groups``, a task's group prepares its sandbox once and each sample forks it
+    (``tasks/setup.py``); on Ray each sample prepares its own."""
     if samples < 1 or oversample < 0:
         raise ConfigError(f"samples must be >= 1 and oversample >= 0, got {samples}, "
                           f"{oversample}")
@@ -50,17 +53,24 @@ async def run_rollouts(tasks: Sequence[Task], policy: PolicyRef, *, scheduler: S
     async def one_task(task: Task) -> list[Trajectory]:
         group_id = new_id()
         ref: Task | str = task_ref(task) if remote else task
+        forked = fork_groups and not remote and samples + oversample > 1
+        root = PreparedRoot(task) if forked else None
         specs = [JobSpec(partial(episode_job, task=ref, policy=policy, config=config,
                                  grader=None if remote else grader, recorder=recorder,
-                                 run_id=run_id, group_id=group_id, sample_index=i),
+                                 run_id=run_id, group_id=group_id, sample_index=i,
+                                 root=root),
                          demand=demand, priority=priority, family=task.family,
                          group=group_id, name=f"{task.id}#{i}")
                  for i in range(samples + oversample)]
-        group = await scheduler.submit_group(specs, keep=samples, group=group_id)
-        if on_result is not None:
-            for handle in group.jobs:
-                handle.result_later(on_result)
-        kept = await group
+        try:
+            group = await scheduler.submit_group(specs, keep=samples, group=group_id)
+            if on_result is not None:
+                for handle in group.jobs:
+                    handle.result_later(on_result)
+            kept = await group
+        finally:
+            if root is not None:
+                await root.close()
         return [r.value for r in kept if r.status is JobStatus.DONE]
 
     per_task = await asyncio.gather(*(one_task(task) for task in tasks))

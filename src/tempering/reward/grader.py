@@ -52,6 +52,7 @@ from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
+from tempering.tasks.setup import prepared
 from tempering.tasks.task import GradingConfig, Task, VerifierConfig
 
 GRADING_OUTPUT_LIMIT = 8 << 20
@@ -173,6 +174,7 @@ class Grader:
         """Grade the agent's final workspace, and the task's other captured directories, in
         ``sb`` (which is left as it was)."""
         start = time.perf_counter()
+        task = await prepared(task)  # what its setup step made is pristine, not the agent's
         # Fitted to the grading sandbox's disk, which is the task's, whatever ``sb`` has.
         final = (await read_sandbox_tree(sb, self.limits, spec=task.sandbox)
                  if task.captures_workdir else task.workspace)
@@ -186,6 +188,7 @@ class Grader:
         task's other captured directories as ``captured`` has them (default: as its image
         does)."""
         start = time.perf_counter() if start is None else start
+        task = await prepared(task)
         captured = task.environment if captured is None else captured
         screened = screen(task, final)
         sources = python_sources(screened)  # decoded once, for both

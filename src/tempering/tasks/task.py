@@ -236,6 +236,18 @@ def _overlap(first: list[str], second: list[str]) -> list[str]:
                    *(i for i in first if i.split("[")[0] in whole[1])})
 
 
+class SetupConfig(_Model):
+    """A step that readies the environment before any agent acts in it (an install, a compile):
+    run once per task per process in a sandbox of the task (``tasks/setup.py``); what it leaves
+    in the workdir and the captured directories is the task's pristine tree, which every
+    sample starts from and every grading is taken against."""
+
+    command: str = ""
+    """A shell command run with ``bash -c`` in the workdir (empty: no setup)."""
+    timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 600.0
+    """Wall-clock limit of the command; past it the task cannot be prepared."""
+
+
 class LintConfig(_Model):
     select: list[str] = ["E", "F", "W", "B"]
     """ruff rule codes checked on the changed Python files (``# noqa`` comments do not count)."""
@@ -304,6 +316,7 @@ class TaskConfig(_Model):
     sandbox: SandboxSpec = SandboxSpec(memory_mb=1024)
     """Limits and backend of the agent's sandbox and of the grading sandbox."""
     grading: GradingConfig = GradingConfig()
+    setup: SetupConfig = SetupConfig()
     reward: dict[str, Annotated[float, Field(ge=0)]] = {"tests": 1.0}
     """Weight of each component in ``reward``; components: tests, lint, rules, fail_to_pass and
     pass_to_pass (with those lists), and those of the verifiers. The reward is the weighted
@@ -402,7 +415,13 @@ class Task:
 
     async def prepare(self, sb: Sandbox) -> None:
         """Put the workspace files, and the captured directories as the image has them, into
-        the agent's sandbox; never the tests or the solution."""
+        the agent's sandbox; never the tests or the solution. A task with a setup step puts
+        in the tree its setup left (run once per process: ``tasks/setup.py``)."""
+        if self.config.setup.command:
+            from tempering.tasks.setup import prepared
+
+            await (await prepared(self)).prepare(sb)
+            return
         await self.workspace.write_into(sb)
         for path, tree in self.environment.items():
             await tree.write_into(sb, path)

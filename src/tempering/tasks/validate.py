@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tempering.errors import TemperingError
 from tempering.reward import Grader, RewardResult
 from tempering.reward.result import listed_cases, listed_passed
+from tempering.tasks.setup import prepared
 from tempering.tasks.task import Task
 
 
@@ -35,6 +36,7 @@ async def validate_task(task: Task, grader: Grader) -> Validation:
     problems: list[str] = []
     solution = untouched = None
     try:
+        task = await prepared(task)  # a setup step's tree is the pristine one
         untouched = await grader.grade_files(task, task.workspace)
         if task.solve is not None:
             solution, problem = await _solved_by_script(task, grader)

@@ -1,0 +1,187 @@
+"""Starting a group of samples: prepare once and fork, against preparing every sample.
+
+    .venv/bin/python benchmarks/groups.py [--quick] [--samples N] [--json PATH] [--only ...]
+
+An RL step plays N samples of one task. Each needs the task's environment ready: a sandbox
+started, the repository written, its setup run (an install, a compile). Sections:
+
+1. group: time until all N sandboxes of a repo-bugs task are ready for an agent, on a task
+   whose setup step installs the package (``pip install --target .deps .``) and compiles a C
+   accelerator (at least 2 s on these machines; its time alone is printed). ``prepare once +
+   fork`` is what rollouts do (``tasks/setup.py``: the setup runs once, in one sandbox, one
+   prepared root is written, each sample forks it); ``prepare each`` is every sample starting
+   its own sandbox, writing the repository and running the setup, all N at once (as N sandbox
+   slots would). The two alternate round by round; medians, and their ratio (target: at least
+   5x sooner). Every sample's sandbox is checked to hold the built accelerator.
+2. fork: fork of a sandbox holding a 1 MiB and a 200 MiB workspace (1 MiB files) on volume
+   storage, against fork of an empty one, p50 and p99 (target: p50 at most 10 ms, whatever
+   the size); ``benchmarks/sandbox.py``'s fork section, at these two sizes.
+
+Targets are printed with PASS/MISS; a MISS does not fail the run, a crash does (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from figures import Figure, Section, console, report, run_benchmark
+
+from sandbox import _fork, storages
+from tempering.sandbox import Sandbox, open_sandbox
+from tempering.tasks import setup as setup_module
+from tempering.tasks.repo_bugs import repo_bugs
+from tempering.tasks.setup import PreparedRoot
+from tempering.tasks.task import SetupConfig, Task
+
+ACCELERATOR_FUNCTIONS = 900  # about 2 s of cc -O2 on this project's CI machines
+SETUP = ("python3 -m pip install -q --no-index --no-deps --no-build-isolation --target .deps . "
+         "&& cc -O2 -shared -fPIC -o .deps/_speedups.so _native/speedups.c")
+
+
+def accelerator_source(functions: int) -> str:
+    """A C file of ``functions`` small mixing functions and one that calls them all."""
+    lines = ["#include <stdint.h>"]
+    for i in range(functions):
+        lines.append(f"uint64_t mix{i}(uint64_t x) {{ for (int k = 0; k < {i % 7 + 3}; k++) "
+                     f"{{ x ^= x << 13; x ^= x >> 7; x ^= x << 17; x += {i}u; }} "
+                     f"return x * {2 * i + 1}u; }}")
+    lines.append("uint64_t mix_all(uint64_t x) { " +
+                 " ".join(f"x = mix{i}(x);" for i in range(functions)) + " return x; }")
+    return "\n".join(lines) + "\n"
+
+
+def setup_task() -> Task:
+    """The first repo-bugs task, with an accelerator to compile and a setup step."""
+    task = repo_bugs(1)[0]
+    workspace = task.workspace.overlay(
+        {"_native/speedups.c": accelerator_source(ACCELERATOR_FUNCTIONS).encode()})
+    config = task.config.model_copy(update={
+        "setup": SetupConfig(command=SETUP, timeout_s=300),
+        "sandbox": task.config.sandbox.model_copy(update={"memory_mb": 1024, "cpus": 1.0})})
+    return dataclasses.replace(task, config=config, workspace=workspace)
+
+
+async def check_ready(sb: Sandbox) -> None:
+    names = await sb.list(".deps")
+    if "_speedups.so" not in names or "ledger" not in names:
+        raise RuntimeError(f"a sample's sandbox lacks the setup's output: .deps holds {names}")
+
+
+async def prepare_each(task: Task, n: int) -> float:
+    """N samples, each starting its sandbox, writing the repository and running the setup."""
+    bare = dataclasses.replace(task, config=task.config.model_copy(
+        update={"setup": SetupConfig()}))
+    opened: list[Sandbox] = []
+
+    async def one() -> None:
+        sb = await open_sandbox(task.sandbox)
+        opened.append(sb)
+        await bare.prepare(sb)
+        done = await sb.exec(["bash", "-c", SETUP], timeout=300)
+        if not done.ok:
+            raise RuntimeError(f"setup failed: {done.stderr[-300:]}")
+
+    start = time.perf_counter()
+    try:
+        await asyncio.gather(*(one() for _ in range(n)))
+        elapsed = time.perf_counter() - start
+        await asyncio.gather(*(check_ready(sb) for sb in opened))
+    finally:
+        await asyncio.gather(*(sb.close() for sb in opened))
+    return elapsed
+
+
+async def prepare_once(task: Task, n: int) -> float:
+    """N samples forking one prepared root; the setup runs once in this round (the process's
+    cache of prepared tasks is emptied first)."""
+    setup_module._prepared.clear()
+    forks: list[Sandbox] = []
+    start = time.perf_counter()
+    async with PreparedRoot(task) as root:
+        try:
+            forks += await asyncio.gather(*(root.sandbox() for _ in range(n)))
+            elapsed = time.perf_counter() - start
+            await asyncio.gather(*(check_ready(sb) for sb in forks))
+        finally:
+            await asyncio.gather(*(sb.close() for sb in forks))
+    return elapsed
+
+
+async def setup_alone(task: Task) -> float:
+    bare = dataclasses.replace(task, config=task.config.model_copy(
+        update={"setup": SetupConfig()}))
+    async with open_sandbox(task.sandbox) as sb:
+        await bare.prepare(sb)
+        start = time.perf_counter()
+        done = await sb.exec(["bash", "-c", SETUP], timeout=300)
+        elapsed = time.perf_counter() - start
+    if not done.ok:
+        raise RuntimeError(f"setup failed: {done.stderr[-300:]}")
+    return elapsed
+
+
+async def group(args: argparse.Namespace) -> list[Figure]:
+    n, rounds = args.samples, (2 if args.quick else 5)
+    task = setup_task()
+    setup_s = statistics.median([await setup_alone(task) for _ in range(2)])
+    ours: list[float] = []
+    theirs: list[float] = []
+    for i in range(rounds):  # alternated, and which goes first too
+        order: list[tuple[list[float], Callable[[Task, int], Awaitable[float]]]] = [
+            (ours, prepare_once), (theirs, prepare_each)]
+        for samples, how in (order if i % 2 == 0 else order[::-1]):
+            samples.append(await how(task, n))
+    console.print(f"  [dim]rounds (s): once+fork {', '.join(f'{x:.2f}' for x in ours)}; "
+                  f"each {', '.join(f'{x:.2f}' for x in theirs)}[/]")
+    once, each = statistics.median(ours), statistics.median(theirs)
+    return report([
+        Figure("group", "setup step alone (install + compile)", setup_s, "s", None, "",
+               ">= 2 s", setup_s >= 2.0),
+        Figure("group", f"start a group of {n}: prepare once + fork", once, "s", each,
+               "prepare each", "<= 0.2x (5x sooner)", once <= each / 5),
+        Figure("group", "  times sooner", each / once, "x", relative=False),
+    ])
+
+
+async def fork(args: argparse.Namespace) -> list[Figure]:
+    if "volume" not in storages("fork"):
+        return []
+    runs = 10 if args.quick else 30
+    figures: list[Figure] = []
+    for mb in (1, 200):
+        figures += await _fork("volume", mb, runs)
+    return report(figures)
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], Awaitable[list[Figure]]]] = {
+    "group": group, "fork": fork}
+
+
+def machine() -> dict[str, object]:
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
+            "memory_gib": round(total / (1 << 20), 1), "python": platform.python_version(),
+            "load_1m": os.getloadavg()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--samples", type=int, default=8, help="samples in a group (8)")
+    run_benchmark(parser, list(SECTIONS), "groups", sections, machine)
+
+
+def sections(args: argparse.Namespace) -> dict[str, Section]:
+    return {name: (lambda f=f: f(args)) for name, f in SECTIONS.items()}
+
+
+if __name__ == "__main__":
+    main()
