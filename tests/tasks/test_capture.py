@@ -5,6 +5,7 @@ verifier's interpreter or tools is refused when the task loads, with the path na
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,8 @@ fi
 }
 
 
-def harbor_task(root: Path, files: dict[str, str], capture: list[str]) -> Path:
-    toml = HARBOR_TOML.format(capture="[" + ", ".join(f'"{c}"' for c in capture) + "]")
+def harbor_task(root: Path, files: dict[str, str], capture: list[str], extra: str = "") -> Path:
+    toml = HARBOR_TOML.format(capture="[" + ", ".join(f'"{c}"' for c in capture) + "]") + extra
     for path, text in {"task.toml": toml, **files}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
@@ -233,7 +234,7 @@ async def test_a_captured_directory_of_the_image_on_the_docker_backend(
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize(("capture", "error"), [
-    (["/opt/tool"], "/usr/bin/tool resolves to /opt/tool/run"),
+    (["/opt/tool"], "/usr/bin/tool is /opt/tool/run"),
     (["/srv/web/x"], "lies behind a link in the image"),
     (["/etc/myapp/app.conf"], "is not a directory in the image"),
 ])
@@ -245,3 +246,78 @@ async def test_the_image_is_asked_what_a_capture_would_reach(
     files = {**CONF, "environment/Dockerfile": CONF["environment/Dockerfile"] + build}
     with pytest.raises(ConfigError, match=error):
         load_task(harbor_task(tmp_path / "t", files, capture))
+
+
+# Red team, round forty-six: each of these was accepted at load and scored 1.0 without the task
+# done (a venv's activate sourced by the verifier's shell rewritten, its python replaced; a
+# library the loader reaches through a link into the capture replaced; a program on an aliased
+# PATH replaced), or made the grader raise (a captured tree larger than its grading mount).
+RUN_TEST = "#!/bin/bash\nif {check}; then echo 1 > /logs/verifier/reward.txt; else " \
+    "echo 0 > /logs/verifier/reward.txt; fi\n"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize(("build", "capture", "test", "extra", "error"), [
+    ("RUN python3 -m venv --without-pip /opt/venv\n", "/opt/venv",
+     "source /opt/venv/bin/activate\n" + RUN_TEST.format(check="python /tests/check.py"), "",
+     "the hidden tests source /opt/venv/bin/activate"),
+    ("RUN python3 -m venv --without-pip /opt/venv\n", "/opt/venv",
+     RUN_TEST.format(check="python3 /tests/check.py"), "", "an interpreter's environment"),
+    ("RUN mkdir -p /opt/zlib && cp /lib/x86_64-linux-gnu/libz.so.1.* /opt/zlib/libz.so.1.x && "
+     "ln -sf /opt/zlib/libz.so.1.x /lib/x86_64-linux-gnu/libz.so.1\n", "/opt/zlib",
+     RUN_TEST.format(check="python3 /tests/check.py"), "", "is /opt/zlib/libz.so.1.x"),
+    ("RUN mkdir -p /opt /srv/tools/bin && ln -s /srv/tools /opt/tools && printf '#!/bin/sh\\n' > "
+     "/srv/tools/bin/checker && chmod +x /srv/tools/bin/checker\n", "/srv/tools",
+     RUN_TEST.format(check="checker"), '\n[verifier.env]\nPATH = "/opt/tools/bin:/usr/bin:/bin"\n',
+     "/opt/tools/bin is /srv/tools/bin"),
+    ("RUN mkdir -p /srv/tool && printf '#!/bin/sh\\n' > /srv/tool/check && chmod +x "
+     "/srv/tool/check\n", "/srv/tool", RUN_TEST.format(check="/srv/tool/check"), "",
+     "the hidden tests run /srv/tool/check"),
+], ids=["venv-sourced", "venv", "library-link", "aliased-path", "program-named"])
+async def test_a_capture_of_what_the_verifier_runs_is_refused(
+        tmp_path: Path, docker_ready: None, build: str, capture: str, test: str, extra: str,
+        error: str) -> None:
+    files = {**CONF, "environment/Dockerfile": CONF["environment/Dockerfile"] + build,
+             "tests/test.sh": test, "tests/check.py": "print('ok')\n"}
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        load_task(harbor_task(tmp_path / "t", files, [capture], extra))
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_a_captured_tree_larger_than_its_grading_mount_is_an_honest_0(
+        tmp_path: Path, docker_ready: None) -> None:
+    """The agent's sandbox (volume storage) lets a captured directory take most of the disk;
+    the grading sandbox's mount is smaller. The tree is read within what fits there, the rest
+    listed as left out: an honest 0, never an exception (round forty-six)."""
+    task = load_task(harbor_task(tmp_path / "conf", CONF, ["/etc/myapp"]))
+    async with Grader() as grader:
+        for fill in ("for i in 1 2 3 4 5; do head -c 12000000 /dev/urandom > /etc/myapp/b$i; "
+                     "done", "mkdir /etc/myapp/d && cd /etc/myapp/d && seq 1 8000 | xargs touch"):
+            async with open_sandbox(task.sandbox) as sb:
+                await task.prepare(sb)
+                assert (await sb.exec(fill, timeout=120)).exit_code == 0
+                result = await grader.grade(task, sb)
+            assert result.reward == 0.0
+            assert any(d.startswith("capture_left_out: /etc/myapp/") for d in result.details)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_permission_bits_of_a_captured_directory_are_kept(
+        tmp_path: Path, docker_ready: None) -> None:
+    """A task that checks a mode (a key made private) grades the agent's chmod: the bits are
+    carried as they are, the image's too (round forty-six: they were flattened to 644)."""
+    files = {**CONF, "environment/Dockerfile": CONF["environment/Dockerfile"].replace(
+                 "echo old > /etc/myapp/stale", "echo k > /etc/myapp/key && chmod 640 "
+                 "/etc/myapp/key"),
+             "tests/test.sh": RUN_TEST.format(check='[ "$(stat -c %a /etc/myapp/key)" = 600 ]'),
+             "solution/solve.sh": "#!/bin/bash\nchmod 600 /etc/myapp/key\n"}
+    task = load_task(harbor_task(tmp_path / "modes", files, ["/etc/myapp"]))
+    assert task.environment["/etc/myapp"].mode("key") == 0o640
+    async with Grader() as grader:
+        validation = await validate_task(task, grader)
+    assert validation.ok, validation.problems
+    assert validation.solution is not None
+    assert validation.solution.changed_files == ["/etc/myapp/key"]

@@ -63,6 +63,19 @@ class CopyLimits:
     max_total_bytes: int = 256 * MiB
     """All files together, counted the same way (a hard-linked file once)."""
 
+    def fitting_dir(self, spec: SandboxSpec) -> CopyLimits:
+        """These limits, lowered so that what they admit can be written back into one of the
+        ``writable_dirs`` of a grading sandbox of ``spec`` with memory storage, the smaller:
+        on the docker backend they share 7/64 of ``memory_disk_bytes`` (a tmpfs each), and a
+        quarter is left; with the workdir's share (``fitting``) they stay within one disk."""
+        room = (memory_disk_bytes(spec) * 7 // 64 // max(len(spec.writable_dirs), 1)
+                * 3 // 4)
+        inodes = max(room // INODE_SPACING, 16)
+        return replace(self, max_total_bytes=min(self.max_total_bytes, room),
+                       max_file_bytes=min(self.max_file_bytes, room),
+                       max_files=min(self.max_files, inodes),
+                       max_entries=min(self.max_entries, inodes))
+
     def fitting(self, spec: SandboxSpec) -> CopyLimits:
         """These limits, lowered so that what they admit can be written back into the workdir
         of a grading sandbox of ``spec`` with memory storage, the smaller: its workdir holds
@@ -347,7 +360,10 @@ def read_tree(walk: Walk) -> TreeCopy:
         data = walk.read(entry)
         if data is not None:
             files[entry.path] = data
-            modes[entry.path] = 0o755 if entry.info.st_mode & 0o111 else 0o644
+            # A captured directory's tree (``links``) keeps its permission bits; a
+            # workspace's is code, where only the executable bit means anything.
+            modes[entry.path] = (entry.info.st_mode & 0o777 if walk.keep_links else
+                                 0o755 if entry.info.st_mode & 0o111 else 0o644)
     links = {path: target for path, target in walk.links.items() if utf8(path)}
     for path in walk.links.keys() - links.keys():
         walk.leave(printable(path), "name is not UTF-8")

@@ -158,7 +158,9 @@ class DockerSandbox(InitSandbox):
         shm = total // 8
         size = (total - shm) // 2
         harbor = size // 8  # /logs and /tests: out of /tmp's share, the workdir's stays whole
-        extra = size // 4 if spec.writable_dirs else 0  # the writable dirs: the same way
+        # the writable dirs, out of /tmp's share too: 7/64 of the disk, a tmpfs each
+        # (CopyLimits.fitting_dir fits what a grading lays there to it)
+        extra = size // 4 if spec.writable_dirs else 0
         tmpfs = {}
         for mount, bytes_, mode in ((spec.workdir, size, "0755"),
                                     ("/tmp", size - harbor - extra, "1777"),

@@ -15,17 +15,22 @@ would let the agent replace them is refused when the task loads, with the path n
   itself and what in it programs read as code or configuration of the loader and shells
   (``/etc/alternatives``, ``/etc/ld.so.conf.d``, ``/etc/profile.d``, ``/etc/python*``);
 - any directory on a search path of the sandbox's or the verifier's environment (``PATH``,
-  ``PYTHONPATH``, ``LD_LIBRARY_PATH``...);
-- any directory that a symbolic link among the image's programs and interpreter libraries
-  resolves into (``/usr/local/bin/node -> /opt/node/bin/node`` forbids ``/opt/node``): the
-  image itself is asked (``image_problems``), on either backend.
+  ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``HOME``...), as written and as resolved in the image;
+- what the image itself says the verifier's programs use (``image_problems``, asked of a
+  sandbox of the image on either backend, every path resolved there): a link among its
+  programs and libraries that resolves into the capture (``/usr/bin/node -> /opt/node/...``
+  forbids ``/opt/node``), a library of the loader's cache, a directory of the loader's
+  configuration or of ``python3``'s ``sys.path``, an interpreter's environment (a venv);
+- a program the hidden tests name by its path, and a file they ``source``: the verifier
+  would run the agent's code as its own (red team, round forty-six, found the venv a test
+  script activates, a library linked into the capture and a ``PATH`` through a link).
 """
 
 from __future__ import annotations
 
 import asyncio
 import posixpath
-import shlex
+import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,7 +48,7 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot
 ``/etc/python3.12``: Debian's ``sitecustomize`` is there)."""
 HOLD_ONLY = ("/", "/etc", "/var")
 """Directories a capture may lie in but not be."""
-SEARCH_PATHS = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
+SEARCH_PATHS = ("PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
                 "PYTHONPYCACHEPREFIX", "LD_LIBRARY_PATH", "LD_PRELOAD", "LD_AUDIT", "BASH_ENV",
                 "ENV", "PERL5LIB", "PERLLIB", "NODE_PATH", "RUBYLIB", "GEM_PATH", "GEM_HOME",
                 "CLASSPATH", "GCONV_PATH", "LOCPATH", "NLSPATH", "TCLLIBPATH", "R_LIBS")
@@ -81,7 +86,7 @@ def check_paths(capture: list[str], spec: SandboxSpec, env: Mapping[str, str]) -
         for name, value in {**spec.env, **env}.items():
             if name not in SEARCH_PATHS:
                 continue
-            hit = next((d for d in value.split(":") if d.startswith("/")
+            hit = next((d for d in value.replace(" ", ":").split(":") if d.startswith("/")
                         and _nests(path, posixpath.normpath(d))), None)
             if hit is not None:
                 problems.append(f"grading.capture {path!r}: {name} names {hit}, so the agent "
@@ -99,50 +104,120 @@ def _nests(a: str, b: str) -> bool:
         b + "/").startswith(a.rstrip("/") + "/")
 
 
-def image_problems(spec: SandboxSpec, dirs: tuple[str, ...]) -> list[str]:
+LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
+"""Where the loader's libraries and their links sit (two levels: the multiarch directories)."""
+
+# Asked of a sandbox of the image: "sh -c IMAGE_SCRIPT sh DIR... --search PATH... --tokens
+# PATH...". Each line it prints is a kind, a tab and what was found.
+IMAGE_SCRIPT = r"""
+mode=dirs
+for a; do
+  case "$a" in --search) mode=search; continue;; --tokens) mode=tokens; continue;; esac
+  case $mode in
+  dirs)
+    if [ -L "$a" ] || { [ -e "$a" ] && [ ! -d "$a" ]; }; then printf 'notdir\t%s\n' "$a"
+    elif [ "$(readlink -m "$a")" != "$a" ]; then
+      printf 'moved\t%s\t%s\n' "$a" "$(readlink -m "$a")"
+    elif [ -d "$a" ]; then
+      find "$a" -maxdepth 4 \( -name pyvenv.cfg -o -path '*/bin/activate' \
+        -o -path '*/bin/python*' \) 2>/dev/null | head -n 1 | sed 's/^/interp\t/'
+    fi;;
+  search) printf 'search\t%s\t%s\n' "$a" "$(readlink -m "$a")";;
+  tokens) if [ -f "$a" ] && [ -x "$a" ]; then printf 'exec\t%s\n' "$a"; fi;;
+  esac
+done
+t=$(mktemp -d)
+{ find PROGRAM_DIRS -maxdepth 1 -type l 2>/dev/null
+  find LIB_DIRS -maxdepth 2 -type l 2>/dev/null
+  for c in ldconfig /sbin/ldconfig /usr/sbin/ldconfig; do
+    if command -v "$c" >/dev/null 2>&1; then "$c" -p 2>/dev/null | sed -n 's/.*=> //p'; break; fi
+  done
+  cat /etc/ld.so.conf /etc/ld.so.conf.d/*.conf 2>/dev/null | grep '^/'
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -I -c 'import sys; [print(p) for p in sys.path if p.startswith("/")]' 2>/dev/null
+  fi
+} > "$t/names"
+xargs -d '\n' readlink -m < "$t/names" > "$t/targets" 2>/dev/null
+paste "$t/names" "$t/targets" | sed 's/^/uses\t/'
+rm -rf "$t"
+true
+"""
+
+
+def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, str],
+                   tests: FileTree) -> list[str]:
     """What is wrong with capturing ``dirs`` in the image itself, asked of a sandbox of it
-    (without the captured directories, so it sees what the image has): a path that is there
-    but not a directory (a link is not one), one that lies behind a link (its mount would
-    land elsewhere, in the system perhaps), and a link among the image's programs and
-    interpreter libraries that resolves into a captured directory."""
-    quoted = " ".join(shlex.quote(d) for d in dirs)
-    script = ("for d in " + " ".join(PROGRAM_DIRS) + "; do [ -d \"$d\" ] && "
-              "find \"$d\" -maxdepth 1 -type l -exec sh -c "
-              "'for l; do printf \"link\\t%s\\t%s\\n\" \"$l\" \"$(readlink -f \"$l\")\"; done' "
-              "sh {} +; done; for d in " + quoted + "; do "
-              "if [ -L \"$d\" ] || { [ -e \"$d\" ] && [ ! -d \"$d\" ]; }; then "
-              "printf \"notdir\\t%s\\n\" \"$d\"; "
-              "elif [ \"$(readlink -m \"$d\")\" != \"$d\" ]; then "
-              "printf \"moved\\t%s\\t%s\\n\" \"$d\" \"$(readlink -m \"$d\")\"; fi; done; true")
+    (without the captured directories, so it sees what the image has), each path resolved
+    there, through the image's links:
+
+    - a path there that is not a directory (a link is not one), or lies behind a link (its
+      mount would land elsewhere, in the system perhaps);
+    - one holding an interpreter's environment (a venv's ``pyvenv.cfg``, ``bin/activate``,
+      ``bin/python*``);
+    - one that the verifier's programs and libraries reach: a link among the image's
+      programs and libraries, a library the loader's cache names, a directory the loader's
+      configuration or the image's ``python3`` searches, an entry of a search path of the
+      environment (``PATH``...);
+    - one holding a program the hidden tests name by path (``/opt/tool/bin/check``), or a
+      file they ``source``: the verifier would run the agent's code as its own."""
+    search = [entry for name, value in env.items() if name in SEARCH_PATHS
+              for entry in value.replace(" ", ":").split(":") if entry.startswith("/")]
+    named, sourced = named_paths(tests)
+    tokens = sorted(t for t in named if any(_nests(t, d) for d in dirs))
+    problems = [f"grading.capture {d!r}: the hidden tests source {t}, which the agent could "
+                "write: the verifier's shell would run its code" for t in sorted(sourced)
+                for d in dirs if _nests(t, d)]
+    script = (IMAGE_SCRIPT.replace("PROGRAM_DIRS", " ".join(PROGRAM_DIRS))
+              .replace("LIB_DIRS", " ".join(LIB_DIRS)))
+    argv = ["sh", "-c", script, "sh", *dirs, "--search", *search, "--tokens", *tokens]
     bare = spec.model_copy(update={"writable_dirs": (), "network": False})
-    problems = []
-    for line in _run(_exec(bare, script)).splitlines():
+    for line in _run(_exec(bare, argv)).splitlines():
         kind, _, rest = line.partition("\t")
+        first, _, second = rest.partition("\t")
         if kind == "notdir":
-            problems.append(f"grading.capture {rest!r} is not a directory in the image (a "
+            problems.append(f"grading.capture {first!r} is not a directory in the image (a "
                             "link or a file): capture the directory it lies in, or its target")
-            continue
-        link, _, target = rest.partition("\t")
-        if kind == "moved":
-            problems.append(f"grading.capture {link!r} lies behind a link in the image (it is "
-                            f"{target} there): capture the directory by its own path")
-            continue
-        for d in dirs:
-            if kind == "link" and target.startswith("/") and _nests(target, d):
-                problems.append(f"grading.capture {d!r}: the image's {link} resolves to "
-                                f"{target}, so the agent could replace a program the verifier "
-                                "may run; capture another directory")
+        elif kind == "moved":
+            problems.append(f"grading.capture {first!r} lies behind a link in the image (it is "
+                            f"{second} there): capture the directory by its own path")
+        elif kind == "interp":
+            problems.append(f"grading.capture: {first} is an interpreter's environment, which "
+                            "the verifier's programs would run from; capture another directory")
+        elif kind == "exec":
+            problems.append(f"grading.capture: the hidden tests run {first}, a program the "
+                            "agent could replace; capture another directory")
+        elif kind in ("uses", "search"):
+            for d in dirs:
+                if second.startswith("/") and _nests(second, d) and second != "/":
+                    problems.append(f"grading.capture {d!r}: the image's {first} is "
+                                    f"{second}, which the verifier's programs use (a program, "
+                                    "a library or a search path); capture another directory")
     return sorted(set(problems))
 
 
-async def _exec(spec: SandboxSpec, script: str) -> str:
+def named_paths(tests: FileTree) -> tuple[set[str], set[str]]:
+    """The absolute paths the hidden tests' text names, and those it ``source``s or ``.``s."""
+    named: set[str] = set()
+    sourced: set[str] = set()
+    for path in tests:
+        text = tests[path].decode(errors="replace")
+        named.update(posixpath.normpath(p) for p in PATH_TOKEN.findall(text))
+        sourced.update(posixpath.normpath(p) for p in SOURCED.findall(text))
+    return named, sourced
+
+
+PATH_TOKEN = re.compile(r"(?<![\w.$~])(/[A-Za-z0-9._+@%-]+(?:/[A-Za-z0-9._+@%-]+)*)")
+SOURCED = re.compile(r"(?:^|[;&|(\s])(?:source|\.)\s+[\"']?(/[^\s\"';&|)]+)", re.MULTILINE)
+
+
+async def _exec(spec: SandboxSpec, argv: list[str]) -> str:
     try:
         sb = await create_sandbox(spec)
     except SandboxError as exc:
         raise SandboxError(f"cannot start the task's environment to check grading.capture: "
                            f"{exc}") from None
     try:
-        result = await sb.exec(["sh", "-c", script], timeout=60)
+        result = await sb.exec(argv, timeout=120)
     finally:
         await sb.close()
     if result.exit_code != 0:
@@ -155,7 +230,8 @@ def pristine_trees(spec: SandboxSpec, dirs: tuple[str, ...], limits: Limits | No
                    ) -> tuple[dict[str, FileTree], list[str]]:
     """What the image holds at each of ``dirs`` (links as links), and what is wrong: a path
     that is not a directory there, or holds more than ``limits``."""
-    limits = limits or Limits()
+    # what a grading sandbox can hold there: the agent's tree is read within the same
+    limits = (limits or Limits()).fitting_dir(spec.model_copy(update={"writable_dirs": dirs}))
     trees: dict[str, FileTree] = {}
     problems: list[str] = []
     for d in dirs:
@@ -166,8 +242,10 @@ def pristine_trees(spec: SandboxSpec, dirs: tuple[str, ...], limits: Limits | No
         if why:
             problems.append(f"grading.capture {d!r}: {why}")
         elif tree.left_out:
-            problems.append(f"grading.capture {d!r}: the image's files there are past the "
-                            f"limits: {', '.join(tree.left_out[:3])}")
+            problems.append(f"grading.capture {d!r}: the image's files there are past what a "
+                            f"grading sandbox of this size holds for a captured directory "
+                            f"({limits.max_total_bytes >> 20} MiB, {limits.max_files} files; "
+                            f"raise storage or memory): {', '.join(tree.left_out[:3])}")
         trees[d] = tree
     return trees, problems
 

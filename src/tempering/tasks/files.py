@@ -122,12 +122,15 @@ class FileTree(Mapping[str, bytes]):
 async def read_sandbox_tree(sb: Sandbox, limits: Limits | None = None, *,
                             spec: SandboxSpec | None = None, src: str = ".",
                             links: bool = False) -> FileTree:
-    """The files in a sandbox's workdir (or its directory ``src``), by content, read straight
-    into memory through the sandbox's file API within ``limits``, lowered so that the tree
-    fits back into a grading sandbox of ``spec`` (default: the sandbox's own;
-    ``CopyLimits.fitting``); with ``links``, symbolic links as links. Never raises for the
-    tree's shape: what is left out is listed."""
-    copy = await sb.read_tree(src, (limits or Limits()).fitting(spec or sb.spec), links=links)
+    """The files in a sandbox's workdir (or its writable directory ``src``), by content, read
+    straight into memory through the sandbox's file API within ``limits``, lowered so that
+    the tree fits back into a grading sandbox of ``spec`` (default: the sandbox's own;
+    ``CopyLimits.fitting``, ``fitting_dir``); with ``links``, symbolic links as links and
+    permission bits as they are. Never raises for the tree's shape: what is left out is
+    listed."""
+    limits, spec = limits or Limits(), spec or sb.spec
+    fitted = limits.fitting_dir(spec) if src != "." else limits.fitting(spec)
+    copy = await sb.read_tree(src, fitted, links=links)
     return FileTree(copy.files, copy.modes, copy.left_out, copy.left_out_paths, copy.links)
 
 

@@ -139,7 +139,7 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
     except ValidationError as exc:
         raise ConfigError(f"invalid harbor task {root}:\n" + "\n".join(
             f"  - {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
-    environment, problems = environment_of(config, limits)
+    environment, problems = environment_of(config, tests, limits)
     if problems:
         raise ConfigError(f"invalid harbor task {root}:\n" +
                           "\n".join(f"  - {p}" for p in problems))

@@ -472,7 +472,7 @@ def load_task(path: str | Path, limits: Limits | None = None, *,
     if config is not None:
         problems += _check_files(config, trees)
     if config is not None and not problems:
-        environment, found = environment_of(config, limits)
+        environment, found = environment_of(config, trees["tests"], limits)
         problems += found
     if problems or config is None:
         raise ConfigError(f"invalid task {root}:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -481,26 +481,30 @@ def load_task(path: str | Path, limits: Limits | None = None, *,
                 trees["verifiers"], root, environment=environment)
 
 
-def environment_of(config: TaskConfig, limits: Limits | None = None
+def environment_of(config: TaskConfig, tests: FileTree, limits: Limits | None = None
                    ) -> tuple[dict[str, FileTree], list[str]]:
     """The pristine trees of the task's captured directories beyond the workdir, read from its
-    image, and what is wrong with them (``tasks/capture.py``); asked of the image once per
-    process (a task loaded again, in a worker, costs nothing more)."""
+    image, and what is wrong with capturing them (``tasks/capture.py``: the image is asked,
+    with the hidden ``tests``' text); asked once per process (a task loaded again, in a
+    worker, costs nothing more)."""
     dirs = extra_dirs(config.grading.capture, config.sandbox.workdir)
     if not dirs:
         return {}, []
+    env = tuple(sorted({**config.sandbox.env, **config.grading.env}.items()))
     try:
-        trees, problems = _environment(config.sandbox.key(), dirs, limits or Limits())
+        trees, problems = _environment(config.sandbox.key(), dirs, env, tests,
+                                       limits or Limits())
     except SandboxError as exc:  # not remembered: the next load asks again
         return {}, [f"grading.capture: {exc}"]
     return dict(trees), list(problems)
 
 
 @functools.lru_cache(maxsize=64)
-def _environment(spec_key: str, dirs: tuple[str, ...], limits: Limits
+def _environment(spec_key: str, dirs: tuple[str, ...], env: tuple[tuple[str, str], ...],
+                 tests: FileTree, limits: Limits
                  ) -> tuple[dict[str, FileTree], tuple[str, ...]]:
     spec = SandboxSpec.model_validate_json(spec_key)
-    problems = image_problems(spec, dirs)
+    problems = image_problems(spec, dirs, dict(env), tests)
     if problems:
         return {}, tuple(problems)
     trees, found = pristine_trees(spec, dirs, limits)
