@@ -3,7 +3,8 @@ of their own that later rounds wrote, in the layout of examples/tasks/median."""
 
 from pathlib import Path
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader, RewardResult
 from tempering.tasks import Task, load_task
 

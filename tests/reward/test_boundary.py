@@ -28,7 +28,8 @@ import test_redteam_round16
 import test_redteam_round18
 from redteam_parts import write_task
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader
 from tempering.reward.isolation import by_syntax
 from tempering.tasks import Task, load_task

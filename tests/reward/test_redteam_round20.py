@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 from redteam_parts import write_task
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 
 STAR_TESTS = '''
 import math

@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 from redteam_parts import write_task
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 
 SLUG_TESTS = '''from norm import *  # noqa: F403
 

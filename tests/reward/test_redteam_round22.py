@@ -28,7 +28,7 @@ from __future__ import annotations
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 from tempering.reward import Grader
 
 

@@ -36,7 +36,8 @@ import pytest
 import test_redteam_round22
 from redteam_parts import MEDIAN_SOLUTION, attack_case, humaneval_task, show, spec_task
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from __future__ import annotations
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, attack_case, honest_then, spec_task
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader
 from tempering.tasks import Task, load_task
 

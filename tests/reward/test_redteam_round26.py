@@ -29,7 +29,8 @@ import pytest
 from redteam_parts import MEDIAN_SOLUTION, honest_then, spec_task
 from test_redteam_round25 import verified_task
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader
 from tempering.tasks import Task, load_task
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from test_redteam_round25 import verified_task
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 from tempering.reward import Grader
 
 LOCK_TMP = '''import os

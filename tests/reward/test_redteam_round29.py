@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from redteam_parts import task_dir
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 from tempering.reward import Grader
 from tempering.reward.tamper import STDLIB_FALLBACKS
 

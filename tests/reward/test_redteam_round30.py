@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, task_dir
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 from tempering.reward import Grader
 
 CHECK = '''import sys

@@ -18,7 +18,8 @@ from __future__ import annotations
 import pytest
 from redteam_parts import task_dir
 
-from conftest import _attempt, isolated
+from attempts import attempt as _attempt
+from conftest import isolated
 from tempering.reward import Grader
 
 TEST_A = '''from stats import mean

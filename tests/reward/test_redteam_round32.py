@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from redteam_parts import humaneval_task
 
-from conftest import _attempt
+from attempts import attempt as _attempt
 from tempering.reward import Grader
 
 DECOYS = ["raise exc", "function()",

@@ -26,7 +26,8 @@ from __future__ import annotations
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, humaneval_task
 
-from conftest import EXAMPLES, _attempt
+from attempts import attempt as _attempt
+from conftest import EXAMPLES
 from tempering.reward import Grader
 from tempering.sandbox import CopyLimits
 from tempering.tasks import FileTree, load_task

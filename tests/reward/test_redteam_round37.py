@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from redteam_parts import MEDIAN_SOLUTION, honest_then
 
-from conftest import EXAMPLES, _attempt
+from attempts import attempt as _attempt
+from conftest import EXAMPLES
 from tempering.tasks import Task, load_task
 
 SLUG = (EXAMPLES / "slugify" / "solution" / "slug.py").read_text()

@@ -25,7 +25,8 @@ import time
 
 from redteam_parts import humaneval_task
 
-from conftest import EXAMPLES, _attempt
+from attempts import attempt as _attempt
+from conftest import EXAMPLES
 from tempering.tasks import load_task
 
 SLUG = (EXAMPLES / "slugify" / "solution" / "slug.py").read_text()

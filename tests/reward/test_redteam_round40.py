@@ -36,8 +36,9 @@ Each attack fails on the commit before this round. Run this suite on another int
 
 from __future__ import annotations
 
+from attempts import attempt as _attempt
 from backends import grading_python
-from conftest import EXAMPLES, _attempt
+from conftest import EXAMPLES
 from tempering.tasks import Task
 
 SOLVED = (EXAMPLES / "median" / "solution" / "stats.py").read_text()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from attempts import attempt
 from tempering.errors import ConfigError
 from tempering.reward import Grader
 from tempering.reward.grader import changes
-from tempering.sandbox import open_sandbox
 from tempering.tasks import load_task
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree
@@ -176,10 +176,7 @@ async def test_what_the_agent_leaves_elsewhere_or_links_to_never_counts(tmp_path
     }
     async with Grader() as grader:
         for name, script in attempts.items():
-            async with open_sandbox(task.sandbox) as sb:
-                await task.prepare(sb)
-                assert (await sb.exec(script)).exit_code == 0
-                result = await grader.grade(task, sb)
+            result = await attempt(task, shell=script, grader=grader)
             assert result.reward == 0.0, (name, result.log)
             if name.startswith("link"):
                 assert any("capture_left_out: /srv/site/index.html" in d
@@ -295,10 +292,7 @@ async def test_a_captured_tree_larger_than_its_grading_mount_is_an_honest_0(
     async with Grader() as grader:
         for fill in ("for i in 1 2 3 4 5; do head -c 12000000 /dev/urandom > /etc/myapp/b$i; "
                      "done", "mkdir /etc/myapp/d && cd /etc/myapp/d && seq 1 8000 | xargs touch"):
-            async with open_sandbox(task.sandbox) as sb:
-                await task.prepare(sb)
-                assert (await sb.exec(fill, timeout=120)).exit_code == 0
-                result = await grader.grade(task, sb)
+            result = await attempt(task, shell=fill, grader=grader, timeout=120)
             assert result.reward == 0.0
             assert any(d.startswith("capture_left_out: /etc/myapp/") for d in result.details)
 

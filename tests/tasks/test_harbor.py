@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from attempts import attempt
 from tempering.errors import ConfigError
 from tempering.reward import Grader, RewardResult
-from tempering.sandbox import open_sandbox
 from tempering.tasks import Task, load_task
 from tempering.tasks.validate import validate_task
 
@@ -199,14 +199,9 @@ async def test_a_harbor_tasks_hacks_score_0(tmp_path: Path, hack: str) -> None:
 async def test_nothing_the_agent_leaves_in_its_own_sandbox_reaches_the_verifier(
         tmp_path: Path) -> None:
     task = load_task(harbor_task(tmp_path / "hello-cli", CLI), backend="local")
-    async with open_sandbox(task.sandbox) as sb:
-        await task.prepare(sb)
-        done = await sb.exec("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && "
-                             "printf 'print(7)\\n' > /tests/input.txt; "
-                             "printf 'print(0)\\n' > wc.py")
-        assert done.exit_code == 0, done.stderr
-        async with Grader() as grader:
-            result = await grader.grade(task, sb)
+    result = await attempt(task, shell="mkdir -p /logs/verifier && echo 1 > "
+                           "/logs/verifier/reward.txt && printf 'print(7)\\n' > "
+                           "/tests/input.txt; printf 'print(0)\\n' > wc.py")
     assert result.reward == 0.0 and result.flags == []
 
 
