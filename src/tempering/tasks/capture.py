@@ -136,6 +136,11 @@ t=$(mktemp -d)
   if command -v python3 >/dev/null 2>&1; then
     python3 -I -c 'import sys; [print(p) for p in sys.path if p.startswith("/")]' 2>/dev/null
   fi
+  if command -v perl >/dev/null 2>&1; then perl -e 'print "$_\n" for @INC' 2>/dev/null; fi
+  if command -v ruby >/dev/null 2>&1; then ruby -e 'puts $LOAD_PATH' 2>/dev/null; fi
+  if command -v node >/dev/null 2>&1; then
+    node -e 'console.log(require("module").globalPaths.join("\n"))' 2>/dev/null
+  fi
 } > "$t/names"
 xargs -d '\n' readlink -m < "$t/names" > "$t/targets" 2>/dev/null
 paste "$t/names" "$t/targets" | sed 's/^/uses\t/'
@@ -156,7 +161,8 @@ def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, s
       ``bin/python*``);
     - one that the verifier's programs and libraries reach: a link among the image's
       programs and libraries, a library the loader's cache names, a directory the loader's
-      configuration or the image's ``python3`` searches, an entry of a search path of the
+      configuration or an interpreter of the image searches (``python3``'s ``sys.path``,
+      ``perl``'s ``@INC``, ``ruby``'s and ``node``'s), an entry of a search path of the
       environment (``PATH``...);
     - one holding a program the hidden tests name by path (``/opt/tool/bin/check``), or a
       file they ``source``: the verifier would run the agent's code as its own."""
