@@ -17,6 +17,7 @@ from tempering.reward.grader import changes
 from tempering.tasks import load_task
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree
+from tempering.tasks.setup import prepared
 from tempering.tasks.validate import validate_task
 
 HARBOR_TOML = """version = "1.0"
@@ -315,3 +316,42 @@ async def test_permission_bits_of_a_captured_directory_are_kept(
     assert validation.ok, validation.problems
     assert validation.solution is not None
     assert validation.solution.changed_files == ["/etc/myapp/key"]
+
+
+# Red team, round forty-seven: the verifier's Python started inside a captured directory
+# imported the agent's modules (a json.py, a pytest.py), and a venv a setup step made in a
+# captured directory was never asked about. Both scored 1.0 without the task done.
+APP = {
+    "instruction.md": "Write /srv/app/conf.json with port 8080.\n",
+    "environment/Dockerfile": "FROM tempering/python:latest\nWORKDIR /app\nCOPY notes.txt /app/\n",
+    "environment/notes.txt": "notes\n",
+    "tests/test.sh": "#!/bin/bash\ncd /srv/app\n" + RUN_TEST.format(
+        check="[ \"$(python3 -c 'import json; print(json.load(open(\"conf.json\"))[\"port\"])')\""
+              " = 8080 ]").removeprefix("#!/bin/bash\n"),
+    "solution/solve.sh": "#!/bin/bash\necho '{\"port\": 8080}' > /srv/app/conf.json\n",
+}
+FAKE_JSON = "def load(f):\n    return {'port': 8080}\n"
+
+
+async def test_modules_of_a_captured_directory_that_shadow_the_verifiers_are_dropped(
+        tmp_path: Path) -> None:
+    task = load_task(harbor_task(tmp_path / "app", APP, ["/srv/app"]), backend="local")
+    async with Grader() as grader:
+        validation = await validate_task(task, grader)
+        assert validation.ok, validation.problems
+        for name in ("json.py", "pytest.py", "sitecustomize.py", "conftest.py"):
+            shell = (f"printf '%s' \"{FAKE_JSON}\" > /srv/app/{name}; "
+                     "echo '{\"port\": 0}' > /srv/app/conf.json")
+            result = await attempt(task, shell=shell, grader=grader)
+            assert result.reward == 0.0 and result.tampered, (name, result.flags)
+
+
+async def test_a_venv_a_setup_step_makes_in_a_captured_directory_is_refused(
+        tmp_path: Path) -> None:
+    root = our_task(tmp_path / "t", ["/workspace", "/srv/env"])
+    (root / "task.toml").write_text((root / "task.toml").read_text().replace(
+        "[grading]", "[setup]\ncommand = 'mkdir -p /srv/env/bin && touch /srv/env/pyvenv.cfg "
+        "/srv/env/bin/activate'\n\n[grading]"))
+    task = load_task(root)
+    with pytest.raises(ConfigError, match="interpreter's environment"):
+        await prepared(task)

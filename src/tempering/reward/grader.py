@@ -45,7 +45,7 @@ from tempering.reward.runner import (
 )
 from tempering.reward.script import run_script
 from tempering.reward.static import analyse, lint, parse_big, python_sources
-from tempering.reward.tamper import parents, screen, sealed_paths
+from tempering.reward.tamper import parents, screen, screen_captured, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
@@ -209,9 +209,12 @@ class Grader:
         # the screened workspace, in every grading sandbox: the tests', the verifiers'.
         confined = {}
         for where, now in captured.items():
-            confined[where], left = confine_links(where, task.environment.get(where), now)
-            details += [f"capture_left_out: {entry}" for entry in
-                        [*(f"{where}/{e}" for e in now.left_out), *left]]
+            pristine = task.environment.get(where)
+            linked, left = confine_links(where, pristine, now)
+            confined[where], dropped, why = screen_captured(task, where, pristine, linked)
+            flags |= dropped
+            details += why + [f"capture_left_out: {entry}" for entry in
+                              [*(f"{where}/{e}" for e in now.left_out), *left]]
         tree = task.workspace.overlay(screened.applied, screened.modes).with_beside(confined)
         changed = list(screened.changed)
         for where, now in sorted(confined.items()):

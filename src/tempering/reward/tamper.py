@@ -103,6 +103,39 @@ def screen(task: Task, final: FileTree) -> Screened:
     return out
 
 
+def screen_captured(task: Task, where: str, pristine: FileTree | None, final: FileTree
+                    ) -> tuple[FileTree, set[str], list[str]]:
+    """A captured directory's tree (``grading.capture``) screened as the workspace is, its
+    path in the place of the workdir: what could change how the verifier's Python runs from
+    there (a ``pytest.py`` or ``configparser.py`` a ``python3 -m pytest`` started in the
+    directory imports, a conftest, a site hook, package metadata, an extension module unless
+    the task allows them) is dropped and flagged, the pristine file kept (red team, round
+    forty-seven: ``cd /srv/app; python3 -m pytest`` ran the agent's ``pytest.py``). Returns
+    the tree to lay, the flags and the details."""
+    pristine = FileTree() if pristine is None else pristine
+    files, modes = dict(final.files), dict(final.modes)
+    flags: set[str] = set()
+    details: list[str] = []
+    for path in sorted(set(pristine.files) | set(final.files)):
+        old, new = pristine.files.get(path), final.files.get(path)
+        if old == new:
+            continue
+        why = _why_dropped(path, new, [], pristine, "\0", task.config.grading.allow_binaries)
+        if why is None:
+            continue
+        flags.add(why[0])
+        details.append(f"{why[0]}: {where}/{path}: {why[1]}")
+        if old is None:
+            files.pop(path, None)
+            modes.pop(path, None)
+        else:
+            files[path], modes[path] = old, pristine.mode(path)
+    if not flags:
+        return final, flags, details
+    return (FileTree(files, modes, final.left_out, final.left_out_paths, final.links),
+            flags, details)
+
+
 def _directories(paths: Iterable[str]) -> set[str]:
     """Every directory above one of ``paths``."""
     return {path[:i] for path in paths for i, c in enumerate(path) if c == "/"}

@@ -201,6 +201,29 @@ def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, s
     return sorted(set(problems))
 
 
+def tree_problems(trees: Mapping[str, FileTree], tests: FileTree) -> list[str]:
+    """``image_problems``' rules on captured trees as a setup step left them (its venv, its
+    programs), which the image could not be asked about (red team, round forty-seven: a venv
+    the setup made in a captured directory loaded, and its python was the agent's)."""
+    named, _ = named_paths(tests)
+    problems = []
+    for where, tree in sorted(trees.items()):
+        for path in sorted({*tree.files, *tree.links}):
+            parts = path.split("/")
+            if parts[-1] == "pyvenv.cfg" or (len(parts) > 1 and parts[-2] == "bin" and (
+                    parts[-1] == "activate" or parts[-1].startswith("python"))):
+                problems.append(f"grading.capture: {where}/{path} is an interpreter's "
+                                "environment, which the verifier's programs would run from; "
+                                "capture another directory")
+                break
+        for token in sorted(named):
+            rel = posixpath.relpath(token, where) if _nests(token, where) else None
+            if rel and rel in tree.files and tree.mode(rel) & 0o111:
+                problems.append(f"grading.capture: the hidden tests run {token}, a program "
+                                "the agent could replace; capture another directory")
+    return problems
+
+
 def named_paths(tests: FileTree) -> tuple[set[str], set[str]]:
     """The absolute paths the hidden tests' text names, and those it ``source``s or ``.``s."""
     named: set[str] = set()

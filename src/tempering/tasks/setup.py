@@ -23,6 +23,7 @@ import dataclasses
 
 from tempering.errors import ConfigError, SandboxError
 from tempering.sandbox import Sandbox, open_sandbox
+from tempering.tasks.capture import tree_problems
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.task import SetupConfig, Task
 
@@ -63,6 +64,10 @@ async def _run_setup(task: Task, limits: Limits) -> Task:
                                                       links=True) for d in task.captured}
     except SandboxError as exc:
         raise ConfigError(f"task {task.id}: its setup could not run: {exc}") from None
+    problems = tree_problems(environment, task.tests)
+    if problems:
+        raise ConfigError(f"task {task.id}: what its setup left in a captured directory: "
+                          + "; ".join(problems))
     left = [*workspace.left_out, *(f"{d}/{e}" for d, t in environment.items()
                                    for e in t.left_out)]
     if left:
