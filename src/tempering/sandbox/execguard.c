@@ -6,12 +6,10 @@
  * exec'd under a Landlock domain in which nothing below $TEMPERING_GUARDED can be created,
  * written, truncated, removed, linked or renamed (everything else can, as before), and which
  * the program and everything it starts inherit, whatever they are linked against or do to
- * their environment: the kernel keeps the domain, not this library (which the program loads
- * too, but for nesting, below: it could unload it and lose nothing the domain holds).
+ * their environment: the kernel keeps the domain, not this library (which the program does
+ * not load: LD_PRELOAD and the TEMPERING_GUARD variables are taken out of its environment).
  * Landlock also keeps a program in the domain from tracing the shell or writing its memory
- * (ptrace, /proc/PID/mem) and, with ABI 6, from signalling it. The program loads this library
- * as a program (TEMPERING_GUARD_NEST): each program it execs in turn is put in a domain nested
- * in its own, so that no program can trace the one that started it either (restrict_nested).
+ * (ptrace, /proc/PID/mem) and, with ABI 6, from signalling it.
  *
  * The shell itself may reach the files it keeps its verdict in (TEMPERING_GUARD_KEEP: a list
  * of LINK=FILE, each FILE below $TEMPERING_GUARDED and LINK the name the script writes it by)
@@ -75,9 +73,6 @@ static int is_shell;        /* this process is the script's shell (or became it 
 static pid_t shell_pid;
 static pid_t restricted_pid; /* the process that is in the domain already (a pid, not a flag:
                               * a vfork child shares this memory with the shell) */
-static int is_program;      /* a program the shell started (TEMPERING_GUARD_NEST): each program
-                             * it execs gets a Landlock domain of its own, nested in its own */
-static pid_t nested_pid;    /* the process that nested itself already (as restricted_pid) */
 
 /* The kept files and the links the script writes them by. */
 #define MAX_KEPT 4
@@ -179,35 +174,6 @@ static int restrict_self(void) {
     if (ok == 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) ok = -1;
     close(ruleset);
     if (ok == 0) restricted_pid = getpid();
-    return ok;
-}
-
-/* This process, from now on: a Landlock domain nested in its parent's, which adds no file
- * rule (the one right it handles, execute, is granted everywhere) but is a domain of its own:
- * Landlock lets a process trace (ptrace, pidfd_getfd, /proc/PID/fd) only processes in its own
- * domain or in domains nested in it, so a program can never reach the descriptors of the
- * program that started it (a verdict helper's stdout: red team, round forty-five, declared in
- * stop 36, closed here). Past Landlock's 16 nested layers (a deep chain of programs) the
- * process stays in its parent's domain, still under every file rule. */
-static int restrict_nested(void) {
-    if (nested_pid == getpid()) return 0;
-    long abi = landlock_abi();
-    if (abi < 1) return -1;
-    struct ruleset_attr attr = { .handled_access_fs = LANDLOCK_ACCESS_FS_EXECUTE };
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(uint64_t), 0);
-    if (ruleset < 0) return -1;
-    int root = open_raw(AT_FDCWD, "/", O_PATH | O_CLOEXEC, 0);
-    struct landlock_path_beneath_attr rule = { .allowed_access = LANDLOCK_ACCESS_FS_EXECUTE,
-                                               .parent_fd = root };
-    int ok = root < 0 ? -1 : 0;
-    if (ok == 0 && syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0)
-            < 0) ok = -1;
-    if (root >= 0) close(root);
-    if (ok == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ok = -1;
-    if (ok == 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) < 0)
-        ok = errno == E2BIG ? 0 : -1;  /* the layers are spent: the parent's domain holds */
-    close(ruleset);
-    if (ok == 0) nested_pid = getpid();
     return ok;
 }
 
@@ -516,13 +482,6 @@ static int guarded_exec(int dirfd, const char *path, char *const argv[], char *c
     size_t n = 0, k = 0;
     while (envp && envp[n]) n++;
     if (n + 2 > ENV_MAX) { errno = E2BIG; return -1; }
-    if (is_program) {  /* a program the shell started: what it execs nests again */
-        if (restrict_nested() < 0) {
-            errno = EPERM;
-            return -1;
-        }
-        return (int)syscall(SYS_execveat, dirfd, path, argv, envp, flags);
-    }
     if (!is_shell)  /* loaded with nothing to guard: as if it were not */
         return (int)syscall(SYS_execveat, dirfd, path, argv, envp, flags);
     if (getpid() == shell_pid && restricted_pid != getpid()
@@ -539,12 +498,8 @@ static int guarded_exec(int dirfd, const char *path, char *const argv[], char *c
         return -1;
     }
     close_kept_descriptors();
-    /* The program loads this library too, as a program (it nests what it execs): the
-     * shell's LD_PRELOAD is this library alone (script.py), and nothing else of ours goes. */
-    if (n + 3 > ENV_MAX) { errno = E2BIG; return -1; }
     for (size_t i = 0; i < n; i++)
-        if (!ours(envp[i]) || !strncmp(envp[i], "LD_PRELOAD=", 11)) env[k++] = envp[i];
-    env[k++] = "TEMPERING_GUARD_NEST=1";
+        if (!ours(envp[i])) env[k++] = envp[i];
     env[k] = NULL;
     return (int)syscall(SYS_execveat, dirfd, path, argv, env, flags);
 }
@@ -606,34 +561,20 @@ int execvp(const char *file, char *const argv[]) {
     return execvpe(file, argv, environ);
 }
 
-/* The shell's posix_spawn is refused: its child would exec unseen by execve above. A
- * program's goes through (its child stays in the program's domain, not nested). */
-typedef int (*spawn_fn)(void *, const char *, const void *, const void *, char *const[],
-                        char *const[]);
-
-static int spawn_through(const char *name, void *pid, const char *path, const void *actions,
-                         const void *attr, char *const argv[], char *const envp[]) {
-    if (!is_program) return EPERM;
-    spawn_fn real = (spawn_fn)dlsym(RTLD_NEXT, name);
-    return real == NULL ? ENOSYS : real(pid, path, actions, attr, argv, envp);
-}
-
 int posix_spawn(void *pid, const char *path, const void *actions, const void *attr,
                 char *const argv[], char *const envp[]) {
-    return spawn_through("posix_spawn", pid, path, actions, attr, argv, envp);
+    (void)pid; (void)path; (void)actions; (void)attr; (void)argv; (void)envp;
+    return EPERM;  /* its child would exec unseen by execve above */
 }
 
 int posix_spawnp(void *pid, const char *file, const void *actions, const void *attr,
                  char *const argv[], char *const envp[]) {
-    return spawn_through("posix_spawnp", pid, file, actions, attr, argv, envp);
+    (void)pid; (void)file; (void)actions; (void)attr; (void)argv; (void)envp;
+    return EPERM;
 }
 
 __attribute__((constructor)) static void start(void) {
     if (getenv("TEMPERING_GUARD_PROBE") != NULL) _exit(landlock_abi() >= 1 ? 97 : 98);
-    if (getenv("TEMPERING_GUARD_NEST") != NULL && getenv("TEMPERING_GUARDED") == NULL) {
-        is_program = 1;
-        return;
-    }
     const char *dir = getenv("TEMPERING_GUARDED");
     if (dir == NULL || dir[0] != '/' || strlen(dir) >= sizeof guarded || strstr(dir, "//")
         || strstr(dir, "/./") || strstr(dir, "/../")) {
