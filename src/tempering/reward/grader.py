@@ -189,7 +189,8 @@ class Grader:
         does)."""
         start = time.perf_counter() if start is None else start
         task = await prepared(task)
-        captured = task.environment if captured is None else captured
+        # a directory the mapping lacks is as the image has it, never empty
+        captured = {**task.environment, **(captured or {})}
         screened = screen(task, final)
         sources = python_sources(screened)  # decoded once, for both
         found = await asyncio.to_thread(analyse, task, screened, sources,
@@ -207,14 +208,7 @@ class Grader:
                 details.append(f"lint_unavailable: {exc}")
         # The captured directories are laid as the agent left them (links as links) beside
         # the screened workspace, in every grading sandbox: the tests', the verifiers'.
-        confined = {}
-        for where, now in captured.items():
-            pristine = task.environment.get(where)
-            linked, left = confine_links(where, pristine, now)
-            confined[where], dropped, why = screen_captured(task, where, pristine, linked)
-            flags |= dropped
-            details += why + [f"capture_left_out: {entry}" for entry in
-                              [*(f"{where}/{e}" for e in now.left_out), *left]]
+        confined = _screen_captured(task, captured, flags, details)
         tree = task.workspace.overlay(screened.applied, screened.modes).with_beside(confined)
         changed = list(screened.changed)
         for where, now in sorted(confined.items()):
@@ -490,6 +484,21 @@ class Grader:
                                     f"({errors}); fix the tests or set grading.expected_tests")
             self._expected[task.digest] = len(run.collected)
         return self._expected[task.digest]
+
+
+def _screen_captured(task: Task, captured: Mapping[str, FileTree], flags: set[str],
+                     details: list[str]) -> dict[str, FileTree]:
+    """Each captured tree with the links that could lead out of it left out and the edits
+    the workspace's screen drops dropped (``flags`` and ``details`` say so): what is laid."""
+    confined = {}
+    for where, now in captured.items():
+        pristine = task.environment.get(where)
+        linked, left = confine_links(where, pristine, now)
+        confined[where], dropped, why = screen_captured(task, where, pristine, linked)
+        flags |= dropped
+        details += why + [f"capture_left_out: {entry}" for entry in
+                          [*(f"{where}/{e}" for e in now.left_out), *left]]
+    return confined
 
 
 def changes(before: FileTree | None, after: FileTree) -> list[str]:

@@ -57,6 +57,8 @@ PROGRAM_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
                 "/usr/lib/python3*", "/usr/local/lib/python3*", "/usr/lib/python3/dist-packages",
                 "/usr/local/lib/python3*/site-packages")
 """Where the links ``image_problems`` follows sit (globs, one level deep)."""
+LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
+"""Where the loader's libraries and their links sit (two levels: the multiarch directories)."""
 
 
 def extra_dirs(capture: list[str], workdir: str) -> tuple[str, ...]:
@@ -103,9 +105,6 @@ def _nests(a: str, b: str) -> bool:
     return a == b or (a + "/").startswith(b.rstrip("/") + "/") or (
         b + "/").startswith(a.rstrip("/") + "/")
 
-
-LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
-"""Where the loader's libraries and their links sit (two levels: the multiarch directories)."""
 
 # Asked of a sandbox of the image: "sh -c IMAGE_SCRIPT sh DIR... --search PATH... --tokens
 # PATH...". Each line it prints is a kind, a tab and what was found.
@@ -177,7 +176,7 @@ def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, s
               .replace("LIB_DIRS", " ".join(LIB_DIRS)))
     argv = ["sh", "-c", script, "sh", *dirs, "--search", *search, "--tokens", *tokens]
     bare = spec.model_copy(update={"writable_dirs": (), "network": False})
-    for line in _run(_exec(bare, argv)).splitlines():
+    for line in run_to_end(_exec(bare, argv)).splitlines():
         kind, _, rest = line.partition("\t")
         first, _, second = rest.partition("\t")
         if kind == "notdir":
@@ -265,7 +264,7 @@ def pristine_trees(spec: SandboxSpec, dirs: tuple[str, ...], limits: Limits | No
     problems: list[str] = []
     for d in dirs:
         if spec.backend == "docker":
-            tree, why = _run(_image_tree(spec, d, limits))
+            tree, why = run_to_end(_image_tree(spec, d, limits))
         else:
             tree, why = _rootfs_tree(spec, d, limits)
         if why:
@@ -319,8 +318,9 @@ async def _image_tree(spec: SandboxSpec, path: str, limits: Limits) -> tuple[Fil
     return FileTree(found.files, found.modes, tuple(found.left_out), links=found.links), ""
 
 
-def _run(coroutine: Any) -> Any:
-    """Run ``coroutine`` to its end from synchronous code, inside an event loop or not."""
+def run_to_end(coroutine: Any) -> Any:
+    """Run ``coroutine`` to its end from synchronous code, inside an event loop or not (a
+    task loads synchronously, and may be loaded from within a running loop)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
 

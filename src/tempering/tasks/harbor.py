@@ -34,12 +34,10 @@ description so a reader sees them).
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 import re
 import shlex
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +46,7 @@ from pydantic import ValidationError
 from tempering.errors import ConfigError, SandboxError
 from tempering.sandbox import SandboxSpec
 from tempering.sandbox.spec import host_cpus
+from tempering.tasks.capture import run_to_end
 from tempering.tasks.files import FileTree, Limits
 from tempering.tasks.task import (
     HARBOR_TESTS,
@@ -186,7 +185,7 @@ def _environment(root: Path, env: dict[str, Any], limits: Limits | None,
     where: dict[str, Any] = ({"image": str(image)} if image is not None else
                              {"recipe": str(dockerfile.parent.resolve())})
     spec = SandboxSpec(backend="docker", **where, **sized)
-    workdir, files, modes, left_out = _run(_image_workspace(spec, limits))
+    workdir, files, modes, left_out = run_to_end(_image_workspace(spec, limits))
     if left_out:
         raise ConfigError(f"harbor task {root}: its image's {workdir} holds what a task cannot "
                           f"carry: {', '.join(left_out[:3])}")
@@ -208,12 +207,6 @@ async def _image_workspace(spec: SandboxSpec, limits: Limits
     except SandboxError as exc:
         raise ConfigError(f"the task's environment: {exc}") from None
     return found.workdir, found.files, found.modes, found.left_out
-
-
-def _run(coroutine: Any) -> Any:
-    """Run ``coroutine`` to its end from synchronous code, inside an event loop or not."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _megabytes(env: dict[str, Any], exact: str, spelled: str, default: int, root: Path) -> int:
