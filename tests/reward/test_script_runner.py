@@ -793,3 +793,56 @@ async def test_a_script_task_grades_on_the_docker_backend(tmp_path: Path,
         result = await graded(task, {"count.py": attack})
         assert result.reward == 0.0, (result.flags, result.log)
     assert SandboxSpec(backend="docker").backend == "docker"
+
+
+# A verdict helper that starts the tested code itself (declared open in stops 36 and 37): the
+# tested code, the helper's child, took the helper's descriptor to the verdict with
+# pidfd_getfd, killed the helper and wrote 1 through it. A grading sandbox keeps its
+# processes out of one another (``grading.tracing`` off: no attach, no pidfd_getfd, no
+# process_vm_*, no write below /proc), whatever the helper is linked against or how it
+# starts its child (fork, posix_spawn, a static program).
+HELPER_TEST = """#!/bin/bash
+python3 -I tests/helper.py > "$VERIFIER_DIR/reward.txt"
+"""
+HELPER = """import os, subprocess, sys
+with open("/tmp/in.txt", "w") as f:
+    f.write("a b c\\nd  e\\n")
+argv = [sys.executable, "count.py", "/tmp/in.txt"]
+r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+print(1 if r.returncode == 0 and r.stdout.strip() == "5" else 0)
+"""
+TAKES_THE_HELPERS_STDOUT = """import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+helper = os.getppid()
+pidfd = libc.syscall(434, helper, 0)  # pidfd_open
+fd = libc.syscall(438, pidfd, 1, 0) if pidfd >= 0 else -1  # pidfd_getfd: its stdout
+if fd < 0:  # or through its memory: the helper's stdout is /proc/PID/fd/1's file
+    try:
+        fd = os.open(f"/proc/{helper}/fd/1", os.O_WRONLY)
+    except OSError:
+        fd = -1
+if fd >= 0:
+    os.kill(helper, signal.SIGKILL)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"1\\n", 0)
+print("took" if fd >= 0 else f"refused {ctypes.get_errno()}")
+"""
+
+
+@pytest.mark.parametrize("tracing", [False, True])
+async def test_the_tested_code_cannot_take_its_verdict_helpers_descriptors(
+        tmp_path: Path, tracing: bool) -> None:
+    """Off (the default): the attack scores 0. On (a task that lets its programs trace one
+    another, ``grading.tracing = true``): the same attack scores 1.0, which is what the
+    default closes."""
+    extra = "tracing = true\n" if tracing else ""
+    task = write_task(tmp_path / "helper", script_toml("helper", extra),
+                      {"test.sh": HELPER_TEST, "helper.py": HELPER},
+                      {"README.md": "count\n"}, {"count.py": COUNT})
+    async with Grader() as grader:
+        honest = await grader.grade_files(task, task.workspace.overlay(
+            {"count.py": COUNT.encode()}))
+        attack = await grader.grade_files(task, task.workspace.overlay(
+            {"count.py": TAKES_THE_HELPERS_STDOUT.encode()}))
+    assert honest.reward == 1.0, (honest.flags, honest.log)
+    assert attack.reward == (1.0 if tracing else 0.0), (attack.flags, attack.log)

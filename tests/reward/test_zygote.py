@@ -85,12 +85,17 @@ async def test_the_grader_restarts_a_dead_zygote() -> None:
 
 
 def test_seccomp_program_is_the_inits() -> None:
+    """The zygote's gradings install the filter of a grading sandbox's init: the init's own,
+    with the calls that reach into another process refused (``notrace``)."""
     import subprocess
 
     from tempering.sandbox.host import host
 
-    program = subprocess.run([host().init, "--seccomp-filter"], capture_output=True,
-                             check=True).stdout
-    assert len(program) % 8 == 0 and len(program) // 8 > 60
-    assert secrets.compare_digest(program, subprocess.run(
-        [host().init, "--seccomp-filter"], capture_output=True, check=True).stdout)
+    def program(*args: str) -> bytes:
+        return subprocess.run([host().init, "--seccomp-filter", *args], capture_output=True,
+                              check=True).stdout
+
+    plain, notrace = program(), program("notrace")
+    assert len(plain) % 8 == 0 and len(plain) // 8 > 60
+    assert len(notrace) // 8 == len(plain) // 8 + 12
+    assert secrets.compare_digest(notrace, program("notrace"))

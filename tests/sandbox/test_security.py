@@ -4,6 +4,7 @@ set up in tests/conftest.py, so a containment failure fails a test, not the mach
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -568,3 +569,76 @@ async def test_commands_cannot_trace_the_init(sb) -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith("-1 "), r.stdout + r.stderr
     assert lines[1] == "mem 13" and lines[2] == "fd 13", r.stdout  # EACCES, EACCES
+
+
+# ---- one process reaching into another (SandboxSpec.tracing) ----
+
+# The parent, a runner, keeps a verdict on its stdout and its memory; its child, the tested
+# code, tries every way into it, and the ways a debugger honestly uses.
+REACHES_ITS_PARENT = r'''
+import ctypes, json, os, signal, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+def errno_of(ret):
+    return 0 if ret >= 0 else ctypes.get_errno()
+
+if sys.argv[1:] == ["child"]:
+    parent, seen = os.getppid(), {}
+    seen["attach"] = errno_of(libc.ptrace(16, parent, None, None))  # PTRACE_ATTACH
+    if seen["attach"] == 0:
+        os.waitpid(parent, 0)  # __WALL not needed: a traced non-child is waited on so
+        libc.ptrace(17, parent, None, None)  # PTRACE_DETACH
+    seen["seize"] = errno_of(libc.ptrace(0x4206, parent, None, None))  # PTRACE_SEIZE
+    if seen["seize"] == 0:
+        libc.ptrace(17, parent, None, None)
+    pidfd = libc.syscall(434, parent, 0)  # pidfd_open
+    seen["pidfd_getfd"] = errno_of(libc.syscall(438, pidfd, 1, 0))
+    buf = ctypes.create_string_buffer(8)
+    local = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+    remote = (ctypes.c_void_p * 2)(int(os.environ["ADDR"]), 8)
+    seen["vm_read"] = errno_of(libc.syscall(310, parent, local, 1, remote, 1, 0))
+    seen["vm_write"] = errno_of(libc.syscall(311, parent, local, 1, remote, 1, 0))
+    try:
+        os.close(os.open(f"/proc/{parent}/mem", os.O_RDWR))
+        seen["mem"] = 0
+    except OSError as e:
+        seen["mem"] = e.errno
+    # Honest: a debugger's child asks to be traced; output through /dev/stdout still works.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.ptrace(0, 0, None, None) == 0 else 1)  # PTRACE_TRACEME
+    seen["traceme"] = os.waitpid(pid, 0)[1]
+    with open("/dev/stderr", "w") as err, open(f"/proc/self/fd/2", "w") as err2:
+        err.write("via /dev/stderr\n")
+        err2.write("via /proc/self/fd/2\n")
+    print(json.dumps(seen))
+else:
+    secret = ctypes.create_string_buffer(b"verdict", 8)
+    env = {**os.environ, "ADDR": str(ctypes.addressof(secret))}
+    out = subprocess.run([sys.executable, __file__, "child"], env=env, capture_output=True,
+                         text=True)
+    sys.stderr.write(out.stderr)
+    print(out.stdout.strip())
+'''
+
+
+@pytest.mark.parametrize("tracing", [True, False])
+async def test_tracing_off_keeps_a_runner_out_of_its_childs_reach(make_spec, tracing) -> None:
+    """Off (grading sandboxes): the tested code, a child of its runner, cannot attach to it,
+    take its descriptors, read or write its memory; a debugger's child can still ask to be
+    traced and magic links to one's own descriptors still work. On (the default, an agent's
+    sandbox): every way in works, which shows the refusals are the setting's."""
+    async with open_sandbox(make_spec(tracing=tracing)) as sb:
+        await sb.write_file("reach.py", REACHES_ITS_PARENT)
+        r = await sb.exec(["python3", "reach.py"], timeout=20)
+    assert r.exit_code == 0, r.stderr
+    seen = json.loads(r.stdout)
+    ways_in = ("attach", "seize", "pidfd_getfd", "vm_read", "vm_write")
+    if tracing:  # (the engine's own seccomp profile refuses pidfd_getfd and process_vm_*)
+        assert {k: seen[k] for k in ("attach", "seize", "mem")} == dict.fromkeys(
+            ("attach", "seize", "mem"), 0), seen
+    else:
+        assert {k: seen[k] for k in ways_in} == dict.fromkeys(ways_in, 1), seen  # EPERM
+        assert seen["mem"] == 13, seen  # EACCES: Landlock, nothing is written below /proc
+    assert seen["traceme"] == 0
+    assert "via /dev/stderr\n" in r.stderr and "via /proc/self/fd/2\n" in r.stderr

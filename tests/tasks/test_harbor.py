@@ -220,6 +220,10 @@ async def test_nothing_the_agent_leaves_in_its_own_sandbox_reaches_the_verifier(
     ({"task.toml": TASK_TOML.format(category="x").replace("memory_mb = 512",
                                                           "memory = 'lots'")},
      "is not a size such as '4G'"),
+    ({"task.toml": TASK_TOML.format(category="x") + "\n[tempering]\ntracing = 'yes'\n"},
+     "tracing must be true or false, not 'yes'"),
+    ({"task.toml": TASK_TOML.format(category="x") + "\n[tempering]\ncaptures = []\n"},
+     "captures: unknown keys"),
 ])
 def test_what_cannot_run_here_is_refused_with_the_reason(tmp_path: Path, extra: dict[str, str],
                                                          error: str) -> None:
@@ -228,6 +232,18 @@ def test_what_cannot_run_here_is_refused_with_the_reason(tmp_path: Path, extra: 
         (root / path).write_text(text)
     with pytest.raises(ConfigError, match=error):
         load_task(root, backend="local")
+
+
+def test_tracing_is_off_in_grading_unless_the_task_turns_it_on(tmp_path: Path) -> None:
+    from tempering.reward import grading_spec
+
+    root = harbor_task(tmp_path / "t", CLI)
+    assert grading_spec(load_task(root, backend="local")).tracing is False
+    (root / "task.toml").write_text(TASK_TOML.format(category="x") +
+                                    "\n[tempering]\ntracing = true\n")
+    task = load_task(root, backend="local")
+    assert task.config.grading.tracing and grading_spec(task).tracing
+    assert task.sandbox.tracing  # the agent's own sandbox is never changed
 
 
 def test_memory_and_storage_spelled_as_sizes(tmp_path: Path) -> None:

@@ -62,10 +62,11 @@ GATED = ("lint", "rules")  # components scaled by the tests' score
 
 def grading_spec(task: Task) -> SandboxSpec:
     """The agent's spec without network, with room for the report, on memory storage (a
-    grading sandbox lives for one run and is never forked)."""
+    grading sandbox lives for one run and is never forked), its processes kept out of one
+    another unless the task says otherwise (``grading.tracing``)."""
     spec = task.sandbox
     return spec.model_copy(update={
-        "network": False, "storage": "memory",
+        "network": False, "storage": "memory", "tracing": task.config.grading.tracing,
         "output_limit_bytes": max(spec.output_limit_bytes, GRADING_OUTPUT_LIMIT)})
 
 
@@ -288,6 +289,7 @@ class Grader:
         """Whether ``task`` is graded by the zygote (``_run_forked``)."""
         return (self.use_zygote and task.config.grading.runner == "plain"
                 and not task.config.verifiers and not task.captured
+                and not task.config.grading.tracing
                 and grading_spec(task).backend == "local")
 
     async def isolation(self, task: Task) -> tuple[str, str]:

@@ -186,7 +186,7 @@ class DockerSandbox(InitSandbox):
             "Hostname": "sandbox", "Env": [], "Labels": {OWNER_LABEL: self._tag,
                                                         SANDBOX_LABEL: self.id},
             "Cmd": ["/.tempering/init", "unix:/.tempering/control/socket", "0", spec.workdir,
-                    str(uid), str(uid), "-"],
+                    str(uid), str(uid), "-", "-" if spec.tracing else "notrace"],
             "NetworkDisabled": not spec.network,
             "HostConfig": {
                 "NetworkMode": self._network,

@@ -16,7 +16,15 @@
  *      live sandbox costs one fork here, never a new sandbox.
  *   3. It reaps, reports exit statuses, and kills whole process trees on request.
  *
- * A sandbox with network (argv[6], a list of policy rules) has a network namespace of its own,
+ * A sandbox that must keep its processes apart (argv[7] "notrace": grading sandboxes) refuses
+ * every way one process reaches into another of the same uid: attaching a tracer (ptrace
+ * PTRACE_ATTACH and PTRACE_SEIZE; a child may still ask its parent to trace it, as debuggers
+ * start their programs), taking a descriptor (pidfd_getfd), reading or writing memory
+ * (process_vm_readv/writev, and any write below /proc, where /proc/PID/mem is: a Landlock
+ * domain of init's that all commands inherit). Otherwise the tested code, started by a test
+ * runner, could take the runner's stdout or rewrite its memory and its verdict.
+ *
+ * A sandbox with network (argv[8], a list of policy rules) has a network namespace of its own,
  * which the host wires to a user-mode stack (slirp4netns). Before it drops CAP_NET_ADMIN, PID 1
  * installs routing rules there that refuse destinations (loopback of the host behind the stack,
  * link-local, private ranges, the host's own addresses) whatever routes exist: rules are looked
@@ -49,6 +57,7 @@
 #include <linux/capability.h>
 #include <linux/fib_rules.h>
 #include <linux/filter.h>
+#include <linux/landlock.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/sched.h>
@@ -65,6 +74,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -384,13 +394,21 @@ static const uint32_t socket_families[] = { AF_UNIX, AF_INET, AF_INET6 };
 
 enum { N_DENIED = sizeof denied / sizeof denied[0], N_AIO = sizeof no_aio / sizeof no_aio[0] };
 enum { N_FAMILIES = sizeof socket_families / sizeof socket_families[0] };
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+/* Ways into another process of the same uid, refused in a "notrace" sandbox. */
+static const int untraceable[] = { SYS_pidfd_getfd, SYS_process_vm_readv, SYS_process_vm_writev };
+enum { N_UNTRACEABLE = sizeof untraceable / sizeof untraceable[0] };
+
 /* 2 instructions per denied or AIO call, 8 around them, 6 for ioctl, 7 for clone3 and clone,
  * 7 for socket's protocol, 10 for socket filters, 10 for seccomp filters, 5 + one per family
- * for socket and socketpair. */
-enum { FILTER_MAX = 2 * (N_DENIED + N_AIO) + N_FAMILIES + 56 };
+ * for socket and socketpair, 2 per untraceable call and 6 for ptrace. */
+enum { FILTER_MAX = 2 * (N_DENIED + N_AIO + N_UNTRACEABLE) + N_FAMILIES + 62 };
 
-/* The seccomp program every command runs under; returns its length. */
-static int build_filter(struct sock_filter *prog) {
+/* The seccomp program every command runs under (`notrace`: keeping processes out of one
+ * another); returns its length. */
+static int build_filter(struct sock_filter *prog, int notrace) {
     enum { N = N_DENIED };
     int n = 0;
     const uint32_t ns_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
@@ -411,6 +429,21 @@ static int build_filter(struct sock_filter *prog) {
     for (int i = 0; i < (int)N_AIO; i++) {
         prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)no_aio[i], 0, 1);
         prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    }
+    if (notrace) {
+        for (int i = 0; i < (int)N_UNTRACEABLE; i++) {
+            prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)untraceable[i], 0, 1);
+            prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        }
+        /* ptrace: no attaching to a process that did not ask for it. Other requests need a
+         * tracee, which only PTRACE_TRACEME (a child asking its parent) can then make. The
+         * low 32 bits of the request are compared: the kernel's full comparison matches less. */
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ptrace, 0, 5);
+        prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, PTRACE_ATTACH, 1, 0);
+        prog[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, PTRACE_SEIZE, 0, 1);
+        prog[n++] = STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+        prog[n++] = STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
     }
     /* No BPF programs of the sandbox's own: socket filters (classic or eBPF) and seccomp
      * filters are JIT-compiled into memory that comes out of one machine-wide budget
@@ -475,12 +508,53 @@ static int build_filter(struct sock_filter *prog) {
     return n;
 }
 
-static void install_seccomp(void) {
+static void install_seccomp(int notrace) {
     struct sock_filter prog[FILTER_MAX];
-    int n = build_filter(prog);
+    int n = build_filter(prog, notrace);
     struct sock_fprog fprog = { (unsigned short)n, prog };
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die_setup("no_new_privs");
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die_setup("seccomp");
+}
+
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+
+/* In a "notrace" sandbox: no command may open a file below /proc for writing (another
+ * process's /proc/PID/mem, which a process of the same uid may otherwise write). A Landlock
+ * domain of init's, which every command inherits: writing stays allowed below every other
+ * entry of /. Magic links (/dev/stdout, /proc/self/fd/N) reach their target, whose own path
+ * is what Landlock judges. Landlock missing: the sandbox does not start (fail closed). */
+static void forbid_proc_writes(void) {
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 1) die_setup("Landlock (needed to keep a grading's processes apart)");
+    uint64_t rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
+    struct landlock_ruleset_attr attr = { .handled_access_fs = rights };
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr.handled_access_fs, 0);
+    if (ruleset < 0) die_setup("landlock_create_ruleset");
+    DIR *root = opendir("/");
+    if (!root) die_setup("opendir /");
+    struct dirent *e;
+    while ((e = readdir(root))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "proc"))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct landlock_path_beneath_attr rule = { .allowed_access = rights, .parent_fd = fd };
+        /* a link among /'s entries (/bin -> usr/bin) takes no rule: its target has one */
+        if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0 &&
+            errno != EINVAL && errno != EBADF)
+            die_setup(path);
+        close(fd);
+    }
+    closedir(root);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die_setup("no_new_privs");
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die_setup("landlock_restrict_self");
+    close(ruleset);
 }
 
 /* ---------- process trees ---------- */
@@ -837,19 +911,20 @@ static int limit_ptys(const char *pid, const char *options) {
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "--seal") == 0) return seal_paths(argv[2], argc - 3, argv + 3);
     if (argc == 4 && strcmp(argv[1], "--limit-ptys") == 0) return limit_ptys(argv[2], argv[3]);
-    if (argc == 2 && strcmp(argv[1], "--seccomp-filter") == 0) {
+    if ((argc == 2 || argc == 3) && strcmp(argv[1], "--seccomp-filter") == 0) {
         /* The program, as raw struct sock_filter records, for a process that must install the
-         * same filter itself (the grading zygote's children). */
+         * same filter itself (the grading zygote's children); "notrace" as in a sandbox. */
         struct sock_filter prog[FILTER_MAX];
-        int n = build_filter(prog);
+        int n = build_filter(prog, argc == 3 && strcmp(argv[2], "notrace") == 0);
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
-    if (argc != 7 && argc != 8) {
+    if (argc != 8 && argc != 9) {
         fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES|mount:FD WORKDIR UID GID "
-                        "WRITABLE_DIRS|- [NET_RULES] "
+                        "WRITABLE_DIRS|- notrace|- [NET_RULES] "
                         "(run by the sandbox)\n");
         return 2;
     }
+    int notrace = strcmp(argv[7], "notrace") == 0;
     CTL_FD = control_channel(argv[1]);
     if (strncmp(argv[2], "mount:", 6) == 0) { /* an idmapped volume, passed as this fd */
         setup_volume(atoi(argv[2] + 6), argv[3], argv[6]);
@@ -858,7 +933,7 @@ int main(int argc, char **argv) {
         /* 0: the host bound a volume there already */
         if (disk > 0) setup_disk(disk, argv[3], argv[6]);
     }
-    if (argc == 8) setup_network(argv[7]);    /* before the capabilities go */
+    if (argc == 9) setup_network(argv[8]);    /* before the capabilities go */
     /* In a container the engine already made us the unprivileged user, with no capability
      * (and the engine mounted the container's devpts). */
     if (geteuid() == 0) {
@@ -868,7 +943,8 @@ int main(int argc, char **argv) {
     }
     /* Commands run as the same user: without this they could ptrace the fork server. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    install_seccomp();
+    if (notrace) forbid_proc_writes();
+    install_seccomp(notrace);
 
     sigset_t mask;
     sigemptyset(&mask);

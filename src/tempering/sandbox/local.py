@@ -204,7 +204,7 @@ class LocalSandbox(InitSandbox):
         # fds in the new process: 0, 1 /dev/null, 2 stderr pipe, 3 init's socket, 4 info pipe,
         # 5 a fork's volume
         init = ["/.tempering/init", "3", disk, spec.workdir, "1000", "1000",
-                ":".join(spec.writable_dirs) or "-"]
+                ":".join(spec.writable_dirs) or "-", "-" if spec.tracing else "notrace"]
         wiring = egress() if spec.network else None
         if wiring is not None:
             init.append(wiring.init_rules)

@@ -58,6 +58,13 @@ class SandboxSpec(BaseModel):
     network: bool = False
     """Egress through a network namespace of its own: the internet, but not this host, its LAN,
     private ranges or link-local (metadata); without it there is only loopback."""
+    tracing: bool = True
+    """Whether a process may reach into another of the sandbox (ptrace attach, pidfd_getfd,
+    process_vm_readv/writev, writing /proc/PID/mem). Grading sandboxes turn it off
+    (``grading.tracing``): the tested code, started by a test runner, could otherwise take the
+    runner's stdout or rewrite its verdict in memory. Off, a debugger still runs a program
+    (the child asks to be traced), but attaching to a running process fails, LeakSanitizer's
+    leak check with it (``ASAN_OPTIONS=detect_leaks=0``), and nothing writes below /proc."""
     workdir: str = "/workspace"
     """Writable working directory; relative file-API paths and commands start here."""
     writable_dirs: tuple[str, ...] = ()

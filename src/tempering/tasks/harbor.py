@@ -23,7 +23,9 @@ a ``Task`` of it:
 - the solution: ``solution/`` is run as ``bash solve.sh`` in the agent's sandbox (its files at
   ``/tmp/solution``) by ``tempering tasks validate``, which then grades the sandbox;
 - ``[tempering] capture`` (this project's key, which harbor ignores): the directories of the
-  image the grade depends on beside the workdir (``grading.capture``, ``tasks/capture.py``).
+  image the grade depends on beside the workdir (``grading.capture``, ``tasks/capture.py``);
+  ``[tempering] tracing = true``: the verifier's processes may trace one another
+  (``grading.tracing``: for a test that attaches to a running process, or LeakSanitizer).
 
 What the format has that this cannot honour is refused with an error that says so: several
 containers (``docker-compose.yaml``), an LLM judge, multi-step tasks, GPUs, MCP servers. The
@@ -90,11 +92,18 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
     verifier = _table(raw, "verifier", problems)
     environment = _table(raw, "environment", problems)
     agent = _table(raw, "agent", problems)
-    ours = _table(raw, "tempering", problems)  # this project's own keys: capture
+    ours = _table(raw, "tempering", problems)  # this project's own keys: capture, tracing
     capture = ours.get("capture", [])
     if not isinstance(capture, list) or not all(isinstance(c, str) for c in capture):
         problems.append(f"[tempering] capture must be a list of absolute paths, not {capture!r}")
         capture = []
+    tracing = ours.get("tracing", False)
+    if not isinstance(tracing, bool):
+        problems.append(f"[tempering] tracing must be true or false, not {tracing!r}")
+        tracing = False
+    unknown = sorted(set(ours) - {"capture", "tracing"})
+    if unknown:
+        problems.append(f"[tempering] {', '.join(unknown)}: unknown keys (capture, tracing)")
     if verifier.get("type", "test-script") != "test-script" or "judge" in verifier:
         problems.append("[verifier]: an LLM judge is not supported: a grade here comes from "
                         "the task's own test script, never from a model")
@@ -119,7 +128,7 @@ def load_harbor_task(root: Path, limits: Limits | None = None,
                           "\n".join(f"  - {p}" for p in problems))
     sandbox, workspace = _environment(root, environment, limits, backend)
     grading = GradingConfig(runner="script", command=f"bash {HARBOR_TESTS}/test.sh",
-                            tests_dir=HARBOR_TESTS, capture=capture,
+                            tests_dir=HARBOR_TESTS, capture=capture, tracing=tracing,
                             timeout_s=float(verifier.get("timeout_sec", 600.0)),
                             env={str(k): str(v) for k, v in
                                  (verifier.get("env") or {}).items()})

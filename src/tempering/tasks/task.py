@@ -127,6 +127,14 @@ class GradingConfig(_Model):
     """Whether compiled modules the agent leaves (``*.so``, ``*.pyd``: Python imports them
     before a ``.py`` of the same name) reach the grading sandbox. Off, they are dropped with
     the ``binary_dropped`` note; turn it on for tasks that build extensions."""
+    tracing: bool = False
+    """Whether the grading sandbox's processes may reach into one another (ptrace attach,
+    pidfd_getfd, process_vm_readv/writev, writing /proc/PID/mem; ``SandboxSpec.tracing``).
+    Off, the default: the tested code, started by a runner (pytest, a script's helper, a
+    command verifier), cannot take the runner's descriptors or rewrite its memory. Turn it on
+    only for tests that attach a tracer to a running process (``strace -p``, ``gdb -p``,
+    LeakSanitizer's leak check, which ``ASAN_OPTIONS=detect_leaks=0`` also avoids), knowing
+    that the tested code can then reach its runner."""
     fail_to_pass: list[str] = []
     """Hidden test ids (``tests/test_x.py::test_name``; a parametrized test by its name, then
     every case counts) that fail on the untouched workspace and that the agent's change must
