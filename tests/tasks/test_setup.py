@@ -84,6 +84,23 @@ async def test_a_setup_that_fails_says_why(tmp_path: Path, command: str, error: 
     assert not validation.ok and error in validation.problems[0]
 
 
+@pytest.mark.parametrize("cpus", [None, 1])
+async def test_the_setup_has_every_cpu_unless_it_says_less(tmp_path: Path, cpus: int | None
+                                                           ) -> None:
+    """It runs once, not per sample: a build may use the machine (the task's sandbox, and each
+    sample's, keeps its own quota)."""
+    from tempering.sandbox.spec import host_cpus
+
+    root = setup_task(tmp_path / "t", "nproc > build.cpus")
+    if cpus is not None:
+        toml = (root / "task.toml").read_text()
+        (root / "task.toml").write_text(toml.replace("[setup]\n", f"[setup]\ncpus = {cpus}\n"))
+    task = load_task(root)
+    ready = await prepared(task)
+    assert ready.workspace["build.cpus"] == f"{cpus or host_cpus()}\n".encode()
+    assert task.sandbox.cpus == 1.0
+
+
 async def test_a_group_forks_one_prepared_sandbox(tmp_path: Path) -> None:
     """The setup ran once (one stamp, one nonce for all), each fork starts as prepared, and
     what one sample does is not in another's."""

@@ -1,7 +1,8 @@
 """Prepare once, fork per sample.
 
 A task may have a setup step (``[setup] command``: an install, a compile). ``prepared(task)``
-runs it once per task per process, in a sandbox of the task holding its pristine files, and
+runs it once per task per process, in a sandbox of the task holding its pristine files (with
+every CPU of the host unless ``[setup] cpus`` says less: it runs once, not per sample), and
 reads back what it left in the workdir and the captured directories (within the limits, links
 in captured directories as links): that tree is the prepared task's pristine tree. Every
 sample starts from it (``Task.prepare`` writes it), and every grading is taken against it, so
@@ -23,6 +24,7 @@ import dataclasses
 
 from tempering.errors import ConfigError, SandboxError
 from tempering.sandbox import Sandbox, open_sandbox
+from tempering.sandbox.spec import host_cpus
 from tempering.tasks.capture import tree_problems
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.task import SetupConfig, Task
@@ -51,8 +53,9 @@ async def _run_setup(task: Task, limits: Limits) -> Task:
     setup = task.config.setup
     bare = dataclasses.replace(task, config=task.config.model_copy(
         update={"setup": SetupConfig()}))
+    cpus = min(setup.cpus or host_cpus(), host_cpus())
     try:
-        async with open_sandbox(task.sandbox) as sb:
+        async with open_sandbox(task.sandbox.model_copy(update={"cpus": cpus})) as sb:
             await bare.prepare(sb)
             done = await sb.exec(["bash", "-c", setup.command], timeout=setup.timeout_s)
             if not done.ok:

@@ -254,6 +254,11 @@ class SetupConfig(_Model):
     """A shell command run with ``bash -c`` in the workdir (empty: no setup)."""
     timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 600.0
     """Wall-clock limit of the command; past it the task cannot be prepared."""
+    cpus: Annotated[float, Field(gt=0)] | None = None
+    """CPU quota of the setup's sandbox (the rest of its spec is the task's); more than this
+    host gives is lowered to what it gives. Default: every CPU of this host: the setup runs
+    once per task per process, not once per sample, so a build may use the machine
+    (``make -j"$(nproc)"``)."""
 
 
 class LintConfig(_Model):
