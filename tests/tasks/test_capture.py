@@ -132,6 +132,31 @@ def test_a_capture_on_a_search_path_is_refused(tmp_path: Path) -> None:
             load_task(root)
 
 
+def test_the_image_is_asked_once_per_path_for_a_family_of_tasks(tmp_path: Path,
+                                                                  monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A task set of thousands sharing an image and its captured directories starts one
+    sandbox to check them, not one per task: each path is asked of the image once per
+    process; a new path (a program another task's tests name) is asked alone."""
+    from tempering.tasks import capture
+
+    asked: list[list[str]] = []
+    real = capture._exec  # noqa: SLF001 - counted, then run as it is
+
+    async def counted(spec, argv):  # type: ignore[no-untyped-def]
+        asked.append(argv[4:])
+        return await real(spec, argv)
+
+    monkeypatch.setattr(capture, "_exec", counted)
+    monkeypatch.setattr(capture, "_facts", {})
+    for i in range(3):
+        load_task(our_task(tmp_path / f"t{i}", ["/srv/fam"], tests=f"def test_{i}():\n    pass\n"))
+    assert len(asked) == 1 and asked[0][0] == "uses" and "/srv/fam" in asked[0]
+    load_task(our_task(tmp_path / "named", ["/srv/fam"],
+                       tests="import subprocess\n\n\ndef test_x():\n"
+                             "    subprocess.run(['/srv/fam/check'])\n"))
+    assert len(asked) == 2 and asked[1] == ["-", "--search", "--tokens", "/srv/fam/check"]
+
+
 def test_links_that_lead_out_of_a_captured_directory_are_left_out() -> None:
     """In the grading sandbox a link resolves there, where /tests holds the hidden tests: a
     link the agent made is kept only when it cannot leave its directory, whatever its

@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,11 @@ def _nests(a: str, b: str) -> bool:
         b + "/").startswith(a.rstrip("/") + "/")
 
 
-# Asked of a sandbox of the image: "sh -c IMAGE_SCRIPT sh DIR... --search PATH... --tokens
-# PATH...". Each line it prints is a kind, a tab and what was found.
+# Asked of a sandbox of the image: "sh -c IMAGE_SCRIPT sh uses|- DIR... --search PATH...
+# --tokens PATH...". Each line it prints is a kind, a tab and what was found; "uses" first: also
+# what the image's programs use (links, the loader's cache, search paths of its interpreters).
 IMAGE_SCRIPT = r"""
+uses=$1; shift
 mode=dirs
 for a; do
   case "$a" in --search) mode=search; continue;; --tokens) mode=tokens; continue;; esac
@@ -119,12 +122,13 @@ for a; do
       printf 'moved\t%s\t%s\n' "$a" "$(readlink -m "$a")"
     elif [ -d "$a" ]; then
       find "$a" -maxdepth 4 \( -name pyvenv.cfg -o -path '*/bin/activate' \
-        -o -path '*/bin/python*' \) 2>/dev/null | head -n 1 | sed 's/^/interp\t/'
+        -o -path '*/bin/python*' \) 2>/dev/null | head -n 1 | sed "s|^|interp\t$a\t|"
     fi;;
   search) printf 'search\t%s\t%s\n' "$a" "$(readlink -m "$a")";;
   tokens) if [ -f "$a" ] && [ -x "$a" ]; then printf 'exec\t%s\n' "$a"; fi;;
   esac
 done
+[ "$uses" = uses ] || exit 0
 t=$(mktemp -d)
 { find PROGRAM_DIRS -maxdepth 1 -type l 2>/dev/null
   find LIB_DIRS -maxdepth 2 -type l 2>/dev/null
@@ -148,11 +152,65 @@ true
 """
 
 
+@dataclass
+class _ImageFacts:
+    """What one image was found to hold, by the path asked about, so that each path is asked
+    of a sandbox of the image once per process (a task set of thousands sharing an image and
+    its captured directories starts one sandbox, not one per task)."""
+
+    uses: list[tuple[str, str]] | None = None  # (a name the image's programs use, its target)
+    dirs: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # kind, 1st, 2nd
+    search: dict[str, str] = field(default_factory=dict)  # entry -> as resolved there
+    executable: dict[str, bool] = field(default_factory=dict)  # path -> an executable file
+
+
+_facts: dict[tuple[object, ...], _ImageFacts] = {}  # by what names the image: _image_key
+IMAGE_FIELDS = ("backend", "image", "recipe", "rootfs", "workdir", "env")
+"""What of a spec decides what its sandbox's filesystem holds (not its sizes or limits)."""
+
+
+def _image_facts(spec: SandboxSpec, dirs: Iterable[str], search: Iterable[str],
+                 tokens: Iterable[str]) -> _ImageFacts:
+    """The facts of ``spec``'s image about these paths: what is not known yet, asked."""
+    bare = spec.model_copy(update={"writable_dirs": (), "network": False})
+    key = tuple(str(getattr(spec, name)) for name in IMAGE_FIELDS)
+    facts = _facts.setdefault(key, _ImageFacts())
+    new_dirs = sorted(set(dirs) - set(facts.dirs))
+    new_search = sorted(set(search) - set(facts.search))
+    new_tokens = sorted(set(tokens) - set(facts.executable))
+    if facts.uses is not None and not (new_dirs or new_search or new_tokens):
+        return facts
+    script = (IMAGE_SCRIPT.replace("PROGRAM_DIRS", " ".join(PROGRAM_DIRS))
+              .replace("LIB_DIRS", " ".join(LIB_DIRS)))
+    argv = ["sh", "-c", script, "sh", "uses" if facts.uses is None else "-", *new_dirs,
+            "--search", *new_search, "--tokens", *new_tokens]
+    uses: list[tuple[str, str]] = []
+    found: dict[str, list[tuple[str, str, str]]] = {d: [] for d in new_dirs}
+    for line in run_to_end(_exec(bare, argv)).splitlines():
+        kind, _, rest = line.partition("\t")
+        first, _, second = rest.partition("\t")
+        if kind in ("notdir", "moved"):
+            found[first].append((kind, first, second))
+        elif kind == "interp":
+            found[first].append((kind, second, ""))
+        elif kind == "search":
+            facts.search[first] = second
+        elif kind == "exec":
+            facts.executable[first] = True
+        elif kind == "uses":
+            uses.append((first, second))
+    facts.dirs.update(found)
+    facts.executable.update({t: facts.executable.get(t, False) for t in new_tokens})
+    if facts.uses is None:
+        facts.uses = uses
+    return facts
+
+
 def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, str],
                    tests: FileTree) -> list[str]:
     """What is wrong with capturing ``dirs`` in the image itself, asked of a sandbox of it
-    (without the captured directories, so it sees what the image has), each path resolved
-    there, through the image's links:
+    (without the captured directories, so it sees what the image has; once per image and
+    path per process: ``_image_facts``), each path resolved there, through the image's links:
 
     - a path there that is not a directory (a link is not one), or lies behind a link (its
       mount would land elsewhere, in the system perhaps);
@@ -172,13 +230,8 @@ def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, s
     problems = [f"grading.capture {d!r}: the hidden tests source {t}, which the agent could "
                 "write: the verifier's shell would run its code" for t in sorted(sourced)
                 for d in dirs if _nests(t, d)]
-    script = (IMAGE_SCRIPT.replace("PROGRAM_DIRS", " ".join(PROGRAM_DIRS))
-              .replace("LIB_DIRS", " ".join(LIB_DIRS)))
-    argv = ["sh", "-c", script, "sh", *dirs, "--search", *search, "--tokens", *tokens]
-    bare = spec.model_copy(update={"writable_dirs": (), "network": False})
-    for line in run_to_end(_exec(bare, argv)).splitlines():
-        kind, _, rest = line.partition("\t")
-        first, _, second = rest.partition("\t")
+    facts = _image_facts(spec, dirs, search, tokens)
+    for kind, first, second in (f for d in dirs for f in facts.dirs[d]):
         if kind == "notdir":
             problems.append(f"grading.capture {first!r} is not a directory in the image (a "
                             "link or a file): capture the directory it lies in, or its target")
@@ -188,15 +241,15 @@ def image_problems(spec: SandboxSpec, dirs: tuple[str, ...], env: Mapping[str, s
         elif kind == "interp":
             problems.append(f"grading.capture: {first} is an interpreter's environment, which "
                             "the verifier's programs would run from; capture another directory")
-        elif kind == "exec":
-            problems.append(f"grading.capture: the hidden tests run {first}, a program the "
-                            "agent could replace; capture another directory")
-        elif kind in ("uses", "search"):
-            for d in dirs:
-                if second.startswith("/") and _nests(second, d) and second != "/":
-                    problems.append(f"grading.capture {d!r}: the image's {first} is "
-                                    f"{second}, which the verifier's programs use (a program, "
-                                    "a library or a search path); capture another directory")
+    problems += [f"grading.capture: the hidden tests run {t}, a program the agent could "
+                 "replace; capture another directory" for t in tokens if facts.executable[t]]
+    used = [*(facts.uses or []), *((entry, facts.search[entry]) for entry in search)]
+    for name, target in used:
+        for d in dirs:
+            if target.startswith("/") and _nests(target, d) and target != "/":
+                problems.append(f"grading.capture {d!r}: the image's {name} is {target}, "
+                                "which the verifier's programs use (a program, a library or a "
+                                "search path); capture another directory")
     return sorted(set(problems))
 
 
