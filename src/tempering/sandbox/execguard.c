@@ -355,37 +355,20 @@ static mode_t mode_of(int flags, va_list args) {
     return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(args, mode_t) : 0;
 }
 
-int open(const char *path, int flags, ...) {
-    va_list args;
-    va_start(args, flags);
-    mode_t mode = mode_of(flags, args);
-    va_end(args);
-    return checked_open(AT_FDCWD, path, flags, mode);
-}
-
-int open64(const char *path, int flags, ...) {
-    va_list args;
-    va_start(args, flags);
-    mode_t mode = mode_of(flags, args);
-    va_end(args);
-    return checked_open(AT_FDCWD, path, flags, mode);
-}
-
-int openat(int dirfd, const char *path, int flags, ...) {
-    va_list args;
-    va_start(args, flags);
-    mode_t mode = mode_of(flags, args);
-    va_end(args);
-    return checked_open(dirfd, path, flags, mode);
-}
-
-int openat64(int dirfd, const char *path, int flags, ...) {
-    va_list args;
-    va_start(args, flags);
-    mode_t mode = mode_of(flags, args);
-    va_end(args);
-    return checked_open(dirfd, path, flags, mode);
-}
+/* open, open64, openat, openat64: the parameters before `flags` are the macro's last
+ * arguments; the mode is there only with O_CREAT or O_TMPFILE. */
+#define VARARGS_OPEN(name, dir, ...)                                              \
+    int name(__VA_ARGS__, int flags, ...) {                                       \
+        va_list args;                                                             \
+        va_start(args, flags);                                                    \
+        mode_t mode = mode_of(flags, args);                                       \
+        va_end(args);                                                             \
+        return checked_open(dir, path, flags, mode);                              \
+    }
+VARARGS_OPEN(open, AT_FDCWD, const char *path)
+VARARGS_OPEN(open64, AT_FDCWD, const char *path)
+VARARGS_OPEN(openat, dirfd, int dirfd, const char *path)
+VARARGS_OPEN(openat64, dirfd, int dirfd, const char *path)
 
 int __open_2(const char *path, int flags) { return checked_open(AT_FDCWD, path, flags, 0); }
 int __open64_2(const char *path, int flags) { return checked_open(AT_FDCWD, path, flags, 0); }
