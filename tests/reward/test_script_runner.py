@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import GRADING_ROOTFS
+from backends import GRADING_ROOTFS, unavailable
 from tempering.errors import ConfigError
 from tempering.reward import Grader, RewardResult
 from tempering.sandbox import SandboxSpec
@@ -694,8 +694,22 @@ print(answer, flush=True)
 """
 
 
-async def test_the_fifth_red_team_of_round_45(tmp_path: Path) -> None:
-    task = write_task(tmp_path / "t", script_toml("fifth"), {"test.sh": HIDDEN_CASES_TEST},
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The parametrized backend, skipped with the reason where it cannot run."""
+    if request.param != "local" and (why := unavailable(request.param)):
+        pytest.skip(f"{request.param} backend unavailable: {why}")
+    return str(request.param)
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=[
+    pytest.mark.docker, pytest.mark.slow])], indirect=True)
+async def test_the_fifth_red_team_of_round_45(tmp_path: Path, backend: str) -> None:
+    """On docker too (where this attack scores 0 with or without the container's pids
+    peak, which the docker backend now reads, so that a run that reached the limit is void
+    there as on the local backend)."""
+    task = write_task(tmp_path / "t", script_toml("fifth", backend=backend),
+                      {"test.sh": HIDDEN_CASES_TEST},
                       {"README.md": "count\n"}, {"count.py": COUNT})
     assert (await graded(task, {"count.py": COUNT})).reward == 1.0
     result = await graded(task, {"count.py": FILLS_THE_PROCESS_LIMIT})

@@ -218,10 +218,10 @@ class SandboxCgroup:
     def memory_peak(self) -> int | None:
         path, name = ((self.paths["memory"], "memory.max_usage_in_bytes")
                       if self.hierarchy.version == 1 else (self.paths[""], "memory.peak"))
-        return _read_int(path / name)
+        return read_int(path / name)
 
     def pids_peak(self) -> int | None:
-        return _read_int(self.paths["pids" if self.hierarchy.version == 1 else ""] / "pids.peak")
+        return read_int(self.paths["pids" if self.hierarchy.version == 1 else ""] / "pids.peak")
 
     def remove(self, *, timeout: float = 5.0) -> None:
         """Kill whatever is left inside and remove the cgroup(s)."""
@@ -260,7 +260,7 @@ def limit_memory(path: Path, limit: int, version: int) -> None:
             (path / "memory.swap.max").write_text("0")
 
 
-def _read_int(path: Path) -> int | None:
+def read_int(path: Path) -> int | None:
     try:
         return int(path.read_text())
     except (OSError, ValueError):

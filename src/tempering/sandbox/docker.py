@@ -343,8 +343,11 @@ class DockerSandbox(InitSandbox):
         return _oom_kills_of(self._init_pid)
 
     async def usage(self) -> SandboxUsage:
+        """As a local sandbox's: the commands' memory peak and the container's process peak
+        (the engine's pids limit counts the init too), read from the host's cgroups."""
         ensure_open(self)
-        return SandboxUsage(None, None, await self._oom_kills())
+        memory, pids = (_peaks_of(self._init_pid) if self._init_pid else (None, None))
+        return SandboxUsage(memory, pids, await self._oom_kills())
 
     async def fork(self) -> DockerSandbox:
         """A new container from the same image whose workdir and /tmp are a copy of this
@@ -404,6 +407,37 @@ def _commands_cgroup(pid: int, limit: int) -> str | None:
         (outer / "cgroup.subtree_control").write_text("+memory")
     cgroup.limit_memory(commands, limit, version)
     return str(commands / "cgroup.procs")
+
+
+def _peaks_of(pid: int) -> tuple[int | None, int | None]:
+    """(the commands' memory peak, the container's pids peak) of the container whose init is
+    ``pid``; None where the host's cgroups do not say (``pids.peak`` needs Linux 6.1)."""
+    memory = pids = None
+    found = _memory_cgroup(pid)
+    if found is not None:
+        outer, version = found
+        if outer.name == "init":  # v2: the init's own leaf
+            outer = outer.parent
+        commands = outer / cgroup.COMMANDS
+        memory = cgroup.read_int(commands / ("memory.max_usage_in_bytes" if version == 1
+                                             else "memory.peak"))
+        where = outer if version == 2 else _pids_cgroup(pid)
+        pids = cgroup.read_int(where / "pids.peak") if where is not None else None
+    return memory, pids
+
+
+def _pids_cgroup(pid: int) -> Path | None:
+    """The pids cgroup directory of ``pid`` on a cgroup v1 host."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
+    return None
 
 
 def _oom_kills_of(pid: int) -> int | None:
