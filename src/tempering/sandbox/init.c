@@ -17,12 +17,14 @@
  *   3. It reaps, reports exit statuses, and kills whole process trees on request.
  *
  * A sandbox that must keep its processes apart (argv[7] "notrace": grading sandboxes) refuses
- * every way one process reaches into another of the same uid: attaching a tracer (ptrace
- * PTRACE_ATTACH and PTRACE_SEIZE; a child may still ask its parent to trace it, as debuggers
- * start their programs), taking a descriptor (pidfd_getfd), reading or writing memory
- * (process_vm_readv/writev, and any write below /proc, where /proc/PID/mem is: a Landlock
- * domain of init's that all commands inherit). Otherwise the tested code, started by a test
- * runner, could take the runner's stdout or rewrite its memory and its verdict.
+ * the ways one process changes another of the same uid or takes its descriptors: attaching a
+ * tracer (ptrace PTRACE_ATTACH and PTRACE_SEIZE; a child may still ask its parent to trace
+ * it, as debuggers start their programs), pidfd_getfd, process_vm_readv/writev, and any
+ * write below /proc (where /proc/PID/mem is: a Landlock domain of init's that every command
+ * inherits). Otherwise the tested code, started by a test runner, could take the runner's
+ * stdout or rewrite its memory and its verdict. Reading /proc/PID/mem and reopening a pipe
+ * through /proc/PID/fd stay open (docs/sandbox.md): Landlock cannot refuse reads below /proc
+ * without refusing /proc/self too.
  *
  * A sandbox with network (argv[8], a list of policy rules) has a network namespace of its own,
  * which the host wires to a user-mode stack (slirp4netns). Before it drops CAP_NET_ADMIN, PID 1
