@@ -946,3 +946,42 @@ async def test_a_judge_beside_the_tested_code_keeps_its_secret(tmp_path: Path, l
             {"guess.py": READS_THE_JUDGES_MEMORY.encode()}))
     assert honest.reward == 1.0, (honest.flags, honest.log)
     assert attack.reward == expected, (attack.flags, attack.log)
+
+
+# Red team, rounds forty-nine and fifty: a loop that reads its cases from a descriptor every
+# program in it inherits shares its position with the tested code (declared: docs/rewards.md,
+# "The loop's input, shared"). The recipe that holds: read the cases first, and run the tested
+# code with none of the shell's descriptors.
+LOOP_CASES = {"cases.txt": "1.in 5\n2.in 0\n3.in 3\n4.in 1\n", "cases/1.in": "a b c d e\n",
+              "cases/2.in": "", "cases/3.in": "  x\t\ty \n\n z", "cases/4.in": "one\n"}
+CASES_FIRST_TEST = r"""#!/bin/bash
+mapfile -t cases < tests/cases.txt
+pass=1
+for case in "${cases[@]}"; do
+  read -r input expected <<< "$case"
+  got=$(python3 count.py "tests/cases/$input" < /dev/null 2>/dev/null)
+  [ "$got" = "$expected" ] || { echo "FAIL $input"; pass=0; }
+done
+echo $pass > "$VERIFIER_DIR/reward.txt"
+"""
+SPLITS_ON_SPACES = "print(len(open(sys.argv[1]).read().split(' ')))\n"  # right on 1.in only
+MOVES_EVERY_POSITION = """import os, sys
+for fd in range(0, 64):
+    try:
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        pass
+""" + SPLITS_ON_SPACES
+
+
+async def test_cases_read_first_are_out_of_the_tested_codes_reach(tmp_path: Path) -> None:
+    task = write_task(tmp_path / "t", script_toml("cases-first"),
+                      {"test.sh": CASES_FIRST_TEST, **LOOP_CASES}, {"README.md": "count\n"},
+                      {"count.py": COUNT})
+    async with Grader() as grader:
+        honest = await grader.grade_files(task, task.workspace.overlay(
+            {"count.py": COUNT.encode()}))
+        attacked = await grader.grade_files(task, task.workspace.overlay(
+            {"count.py": MOVES_EVERY_POSITION.encode()}))
+    assert honest.reward == 1.0, (honest.flags, honest.log)
+    assert attacked.reward == 0.0 and "FAIL 2.in" in attacked.log, attacked.log
