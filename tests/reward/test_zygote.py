@@ -17,6 +17,18 @@ from zygote_runs import run_in_zygote
 
 PROBE = '''import os
 
+REACH = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+parent = os.getppid()
+try:
+    os.close(os.open(f"/proc/{parent}/mem", os.O_RDWR))
+    mem = 0
+except OSError as e:
+    mem = e.errno
+attach = libc.ptrace(16, parent, None, None)
+print(mem, attach, ctypes.get_errno())
+"""
+
 
 def test_probe():
     status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
@@ -26,6 +38,11 @@ def test_probe():
     facts["workspace"] = sorted(os.listdir("/workspace"))
     facts["tmp"] = sorted(os.listdir("/tmp"))
     facts["unshare"] = os.system("unshare -U true 2>/dev/null") != 0
+    # A child reaching into this process (its runner): as in every grading sandbox, refused.
+    with open("/tmp/reach.py", "w") as f:
+        f.write(REACH)
+    facts["reach"] = os.popen("python3 /tmp/reach.py").read().split()
+    os.remove("/tmp/reach.py")
     open("/tmp/left-by-an-earlier-grading", "w").write("x")
     assert False, repr(facts)
 '''
@@ -50,6 +67,7 @@ async def test_each_grading_is_fresh_unprivileged_and_filtered() -> None:
         assert facts["Uid"].split() == ["1000"] * 4
         assert facts["pid"] == 1 and facts["pids"][0] == "1"  # its own pid namespace
         assert facts["workspace"] == ["tests"] and facts["unshare"] is True
+        assert facts["reach"] == ["13", "-1", "1"], facts["reach"]  # EACCES; EPERM
     assert seen[0]["tmp"] == seen[1]["tmp"] == []  # nothing of the first grading is left
 
 

@@ -14,8 +14,10 @@ the **grading process**, PID 1 of that namespace, which
    puts it in a cgroup of its own and writes the files, seals what the host names read-only
    (it still holds the zygote's capabilities over its own mount namespace),
 3. and, before it reads a byte of the configuration, becomes the unprivileged user in a
-   nested user namespace with no capability, sets no_new_privs and installs the init's
-   seccomp filter (read from ``init --seccomp-filter``), then runs the plain runner on the
+   nested user namespace with no capability, sets no_new_privs, takes a Landlock domain in
+   which nothing below /proc opens for writing and installs the seccomp filter of a grading
+   sandbox's init (read from ``init --seccomp-filter notrace``: no process of the grading
+   reaches into another, as in any grading sandbox), then runs the plain runner on the
    configuration the host sends, reporting on the same socket. With process isolation it
    first forks the **solver**, the tested code's process (``inside_boundary.py``), into the
    same cgroup, in a mount namespace of its own where the tests directory is empty.
@@ -35,6 +37,7 @@ import ast  # noqa: F401 - the launcher compiles the hidden tests with it
 import collections  # noqa: F401
 import contextlib
 import ctypes
+import errno
 import functools  # noqa: F401
 import gc
 import importlib.util
@@ -175,8 +178,37 @@ def limit_ipc():
             f.write(value)
 
 
+def forbid_proc_writes():
+    """What the init does in a grading sandbox (``forbid_proc_writes`` in init.c): a Landlock
+    domain in which nothing below /proc opens for writing (another process's /proc/PID/mem),
+    everything else as before; inherited by everything the grading starts."""
+    write_file = 1 << 1  # LANDLOCK_ACCESS_FS_WRITE_FILE
+    attr = struct.pack("=Q", write_file)
+    ruleset = LIBC.syscall(444, attr, len(attr), 0)  # landlock_create_ruleset
+    if ruleset < 0:
+        check(-1, "Landlock (needed to keep a grading's processes apart)")
+    try:
+        for name in os.listdir("/"):
+            if name == "proc":
+                continue
+            try:
+                fd = os.open(f"/{name}", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            rule = struct.pack("=Qi", write_file, fd)  # landlock_path_beneath_attr (packed)
+            added = LIBC.syscall(445, ruleset, 1, rule, 0)  # LANDLOCK_RULE_PATH_BENEATH
+            os.close(fd)
+            if added < 0 and ctypes.get_errno() not in (errno.EINVAL, errno.EBADFD):
+                check(-1, f"landlock_add_rule /{name}")
+        check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        check(LIBC.syscall(446, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
 def become_user(uid, gid, seccomp):
-    """What the init does for itself: nested user namespace, no capability, seccomp."""
+    """What the init does for itself: nested user namespace, no capability, no write below
+    /proc, seccomp (its ``notrace`` program: see ``zygote._bundle``)."""
     check(LIBC.unshare(CLONE_NEWUSER), "unshare user namespace")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1\n"),
                        ("gid_map", f"{gid} 0 1\n")):
@@ -192,6 +224,7 @@ def become_user(uid, gid, seccomp):
     data = bytes(24)  # two empty __user_cap_data_struct
     check(LIBC.syscall(126, header, data), "capset")  # SYS_capset on x86_64
     check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    forbid_proc_writes()
     program = ctypes.create_string_buffer(seccomp, len(seccomp))
     fprog = SockFprog(len(seccomp) // 8, ctypes.addressof(program))
     check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")

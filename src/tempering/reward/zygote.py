@@ -41,8 +41,8 @@ ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the zygote, read-only in t
 
 
 def _bundle() -> Path:
-    """The launcher and the zygote, plus the init's seccomp program, in a directory the sandbox
-    user can read (named by their digest)."""
+    """The launcher and the zygote, plus the seccomp program of a grading sandbox's init (its
+    ``notrace`` one), in a directory the sandbox user can read (named by their digest)."""
     files = dict(launcher_files((*LAUNCHER_FILES, "inside_zygote.py")))
     seccomp = subprocess.run([host().init, "--seccomp-filter", "notrace"], capture_output=True,
                              check=True).stdout

@@ -343,10 +343,11 @@ class DockerSandbox(InitSandbox):
         return _oom_kills_of(self._init_pid)
 
     async def usage(self) -> SandboxUsage:
-        """As a local sandbox's: the commands' memory peak and the container's process peak
-        (the engine's pids limit counts the init too), read from the host's cgroups."""
+        """As a local sandbox's: the container's memory and process peaks, read from the
+        host's cgroups."""
         ensure_open(self)
-        memory, pids = (_peaks_of(self._init_pid) if self._init_pid else (None, None))
+        memory, pids = (await asyncio.to_thread(_peaks_of, self._init_pid) if self._init_pid
+                        else (None, None))
         return SandboxUsage(memory, pids, await self._oom_kills())
 
     async def fork(self) -> DockerSandbox:
@@ -372,6 +373,16 @@ class DockerSandbox(InitSandbox):
 
 def _memory_cgroup(pid: int) -> tuple[Path, int] | None:
     """The memory cgroup directory of ``pid`` on the host, and the hierarchy's version."""
+    v1 = _cgroup_of(pid, "memory")
+    if v1 is not None:
+        return v1, 1
+    v2 = _cgroup_of(pid, "")
+    return (v2, 2) if v2 is not None else None
+
+
+def _cgroup_of(pid: int, controller: str) -> Path | None:
+    """The directory of ``pid``'s cgroup of ``controller`` on a v1 host ("": the unified
+    hierarchy of a v2 host), from /proc/PID/cgroup."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -379,12 +390,10 @@ def _memory_cgroup(pid: int) -> tuple[Path, int] | None:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), 1
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            return Path("/sys/fs/cgroup") / path.lstrip("/"), 2
+        if controller and controller in controllers.split(","):
+            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+        if not controller and controllers == "":
+            return Path("/sys/fs/cgroup") / path.lstrip("/")
     return None
 
 
@@ -410,34 +419,19 @@ def _commands_cgroup(pid: int, limit: int) -> str | None:
 
 
 def _peaks_of(pid: int) -> tuple[int | None, int | None]:
-    """(the commands' memory peak, the container's pids peak) of the container whose init is
-    ``pid``; None where the host's cgroups do not say (``pids.peak`` needs Linux 6.1)."""
-    memory = pids = None
+    """(memory peak, pids peak) of the container whose init is ``pid``, as a local sandbox
+    has them: of the whole container, init included (the engine's pids limit counts the init
+    too). None where the host's cgroups do not say (``pids.peak`` needs Linux 6.1)."""
     found = _memory_cgroup(pid)
-    if found is not None:
-        outer, version = found
-        if outer.name == "init":  # v2: the init's own leaf
-            outer = outer.parent
-        commands = outer / cgroup.COMMANDS
-        memory = cgroup.read_int(commands / ("memory.max_usage_in_bytes" if version == 1
-                                             else "memory.peak"))
-        where = outer if version == 2 else _pids_cgroup(pid)
-        pids = cgroup.read_int(where / "pids.peak") if where is not None else None
-    return memory, pids
-
-
-def _pids_cgroup(pid: int) -> Path | None:
-    """The pids cgroup directory of ``pid`` on a cgroup v1 host."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "pids" in controllers.split(","):
-            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
-    return None
+    if found is None:
+        return None, None
+    outer, version = found
+    if outer.name == "init":  # v2: the init's own leaf
+        outer = outer.parent
+    memory = cgroup.read_int(outer / ("memory.max_usage_in_bytes" if version == 1
+                                      else "memory.peak"))
+    pids_dir = outer if version == 2 else _cgroup_of(pid, "pids")
+    return memory, cgroup.read_int(pids_dir / "pids.peak") if pids_dir is not None else None
 
 
 def _oom_kills_of(pid: int) -> int | None:

@@ -58,9 +58,29 @@ async def doctor_checks() -> list[tuple[str, bool | None, str]]:
             rows.append((names[5], False, f"512 MB in a 128 MB sandbox was not killed "
                          f"(exit {result.exit_code}); check that the cgroup memory controller "
                          "is enabled"))
+    rows.append(await grading_check())
     rows.append(await network_check())
     rows.append(await docker_check())
     return rows
+
+
+async def grading_check() -> tuple[str, bool | None, str]:
+    """A grading sandbox (``tracing`` off) starts: it needs Landlock to refuse writes below
+    /proc, so that no process of a grading reaches into another."""
+    from tempering.sandbox import SandboxSpec, open_sandbox
+
+    name = "grading sandbox (processes kept apart)"
+    try:
+        async with open_sandbox(SandboxSpec(memory_mb=128, timeout_s=30, tracing=False)) as sb:
+            result = await sb.exec(["sh", "-c", "echo x > /proc/self/comm"])
+    except Exception as exc:
+        return (name, False, f"{exc}; grading sandboxes need Landlock (Linux 5.13 or later, "
+                             "with landlock in the kernel's lsm= list)")
+    if result.ok:
+        return (name, False, "a write below /proc was allowed: the init's Landlock domain is "
+                             "missing")
+    return (name, True, "ptrace attach, pidfd_getfd, process_vm_* and writes below /proc "
+                        "refused")
 
 
 async def network_check() -> tuple[str, bool | None, str]:

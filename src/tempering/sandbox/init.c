@@ -531,7 +531,10 @@ static void install_seccomp(int notrace) {
  * is what Landlock judges. Landlock missing: the sandbox does not start (fail closed). */
 static void forbid_proc_writes(void) {
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-    if (abi < 1) die_setup("Landlock (needed to keep a grading's processes apart)");
+    if (abi < 1)
+        die_setup("Landlock, which a grading sandbox needs to keep its processes apart "
+                  "(Linux 5.13 or later, with landlock in the kernel's lsm= list; "
+                  "`tempering doctor` checks it)");
     uint64_t rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
     struct landlock_ruleset_attr attr = { .handled_access_fs = rights };
     int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr.handled_access_fs, 0);
@@ -547,9 +550,9 @@ static void forbid_proc_writes(void) {
         int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) continue;
         struct landlock_path_beneath_attr rule = { .allowed_access = rights, .parent_fd = fd };
-        /* a link among /'s entries (/bin -> usr/bin) takes no rule: its target has one */
+        /* a link among /'s entries (/bin -> usr/bin) needs no rule: its target has one */
         if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0 &&
-            errno != EINVAL && errno != EBADF)
+            errno != EINVAL && errno != EBADFD)
             die_setup(path);
         close(fd);
     }
@@ -916,14 +919,23 @@ int main(int argc, char **argv) {
     if ((argc == 2 || argc == 3) && strcmp(argv[1], "--seccomp-filter") == 0) {
         /* The program, as raw struct sock_filter records, for a process that must install the
          * same filter itself (the grading zygote's children); "notrace" as in a sandbox. */
+        if (argc == 3 && strcmp(argv[2], "notrace") != 0) {
+            fprintf(stderr, "usage: tempering-init --seccomp-filter [notrace]\n");
+            return 2;
+        }
         struct sock_filter prog[FILTER_MAX];
-        int n = build_filter(prog, argc == 3 && strcmp(argv[2], "notrace") == 0);
+        int n = build_filter(prog, argc == 3);
         return write(1, prog, (size_t)n * sizeof prog[0]) == (ssize_t)(n * sizeof prog[0]) ? 0 : 1;
     }
     if (argc != 8 && argc != 9) {
         fprintf(stderr, "usage: tempering-init CONTROL_FD DISK_BYTES|mount:FD WORKDIR UID GID "
                         "WRITABLE_DIRS|- notrace|- [NET_RULES] "
                         "(run by the sandbox)\n");
+        return 2;
+    }
+    if (strcmp(argv[7], "notrace") != 0 && strcmp(argv[7], "-") != 0) {
+        fprintf(stderr, "tempering-init: the tracing argument must be notrace or -, not %s\n",
+                argv[7]);
         return 2;
     }
     int notrace = strcmp(argv[7], "notrace") == 0;

@@ -121,8 +121,9 @@ for a; do
     elif [ "$(readlink -m "$a")" != "$a" ]; then
       printf 'moved\t%s\t%s\n' "$a" "$(readlink -m "$a")"
     elif [ -d "$a" ]; then
-      find "$a" -maxdepth 4 \( -name pyvenv.cfg -o -path '*/bin/activate' \
-        -o -path '*/bin/python*' \) 2>/dev/null | head -n 1 | sed "s|^|interp\t$a\t|"
+      p=$(find "$a" -maxdepth 4 \( -name pyvenv.cfg -o -path '*/bin/activate' \
+        -o -path '*/bin/python*' \) 2>/dev/null | head -n 1)
+      if [ -n "$p" ]; then printf 'interp\t%s\t%s\n' "$a" "$p"; fi
     fi;;
   search) printf 'search\t%s\t%s\n' "$a" "$(readlink -m "$a")";;
   tokens) if [ -f "$a" ] && [ -x "$a" ]; then printf 'exec\t%s\n' "$a"; fi;;
@@ -164,16 +165,18 @@ class _ImageFacts:
     executable: dict[str, bool] = field(default_factory=dict)  # path -> an executable file
 
 
-_facts: dict[tuple[object, ...], _ImageFacts] = {}  # by what names the image: _image_key
-IMAGE_FIELDS = ("backend", "image", "recipe", "rootfs", "workdir", "env")
-"""What of a spec decides what its sandbox's filesystem holds (not its sizes or limits)."""
+_facts: dict[tuple[str, ...], _ImageFacts] = {}  # by _IMAGE_FIELDS of the spec
+_IMAGE_FIELDS = ("backend", "image", "recipe", "rootfs", "workdir")
+"""What of a spec names what its sandbox's filesystem holds (not its sizes or limits), with
+its environment. A name is taken to mean one content for the life of the process, as
+``environment_of`` takes it: a recipe's image is tagged by its directory's digest."""
 
 
 def _image_facts(spec: SandboxSpec, dirs: Iterable[str], search: Iterable[str],
                  tokens: Iterable[str]) -> _ImageFacts:
     """The facts of ``spec``'s image about these paths: what is not known yet, asked."""
     bare = spec.model_copy(update={"writable_dirs": (), "network": False})
-    key = tuple(str(getattr(spec, name)) for name in IMAGE_FIELDS)
+    key = (*(str(getattr(spec, name)) for name in _IMAGE_FIELDS), str(sorted(spec.env.items())))
     facts = _facts.setdefault(key, _ImageFacts())
     new_dirs = sorted(set(dirs) - set(facts.dirs))
     new_search = sorted(set(search) - set(facts.search))
@@ -301,9 +304,9 @@ async def _exec(spec: SandboxSpec, argv: list[str]) -> str:
         result = await sb.exec(argv, timeout=120)
     finally:
         await sb.close()
-    if result.exit_code != 0:
-        raise SandboxError(f"checking grading.capture in the task's environment failed: "
-                           f"{result.stderr[-500:]}")
+    if result.exit_code != 0 or result.truncated:
+        why = "its output was cut" if result.exit_code == 0 else result.stderr[-500:]
+        raise SandboxError(f"checking grading.capture in the task's environment failed: {why}")
     return result.stdout
 
 

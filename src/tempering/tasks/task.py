@@ -131,10 +131,13 @@ class GradingConfig(_Model):
     """Whether the grading sandbox's processes may reach into one another (ptrace attach,
     pidfd_getfd, process_vm_readv/writev, writing /proc/PID/mem; ``SandboxSpec.tracing``).
     Off, the default: the tested code, started by a runner (pytest, a script's helper, a
-    command verifier), cannot take the runner's descriptors or rewrite its memory. Turn it on
-    only for tests that attach a tracer to a running process (``strace -p``, ``gdb -p``,
-    LeakSanitizer's leak check, which ``ASAN_OPTIONS=detect_leaks=0`` also avoids), knowing
-    that the tested code can then reach its runner."""
+    command verifier), cannot attach to the runner, take its descriptors with pidfd_getfd or
+    write its memory (reading it, and reopening its pipes through /proc/PID/fd, stay open:
+    docs/rewards.md). Turn it on only for tests that attach to a running process
+    (``strace -p``, ``gdb -p``, LeakSanitizer's leak check, which
+    ``ASAN_OPTIONS=detect_leaks=0`` also avoids; OpenMPI's CMA transport, py-spy), knowing
+    that the tested code can then reach its runner; on, a plain-runner task is graded in a
+    sandbox of its own rather than by the grading zygote (slower)."""
     fail_to_pass: list[str] = []
     """Hidden test ids (``tests/test_x.py::test_name``; a parametrized test by its name, then
     every case counts) that fail on the untouched workspace and that the agent's change must
