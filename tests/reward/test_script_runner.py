@@ -145,6 +145,15 @@ async def graded(task: Task, changes: dict[str, str]) -> RewardResult:
             {p: t.encode() for p, t in changes.items()}))
 
 
+async def honest_and_attacked(task: Task, path: str, honest: str, attack: str
+                              ) -> tuple[RewardResult, RewardResult]:
+    """``task`` graded with ``path`` holding ``honest``, then ``attack``, by one grader."""
+    async with Grader() as grader:
+        first = await grader.grade_files(task, task.workspace.overlay({path: honest.encode()}))
+        return first, await grader.grade_files(task, task.workspace.overlay(
+            {path: attack.encode()}))
+
+
 async def test_terminal_bench_style_tasks_grade_solution_1_untouched_0(
         tmp_path: Path, cli: Task) -> None:
     build = write_task(tmp_path / "build", script_toml("c-build", 'components = ["builds"]\n'
@@ -845,11 +854,7 @@ async def test_the_tested_code_cannot_take_its_verdict_helpers_descriptors(
     task = write_task(tmp_path / "helper", script_toml("helper", extra),
                       {"test.sh": HELPER_TEST, "helper.py": HELPER},
                       {"README.md": "count\n"}, {"count.py": COUNT})
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"count.py": COUNT.encode()}))
-        attack = await grader.grade_files(task, task.workspace.overlay(
-            {"count.py": TAKES_THE_HELPERS_STDOUT.encode()}))
+    honest, attack = await honest_and_attacked(task, "count.py", COUNT, TAKES_THE_HELPERS_STDOUT)
     assert honest.reward == 1.0, (honest.flags, honest.log)
     assert attack.reward == (1.0 if tracing else 0.0), (attack.flags, attack.log)
 
@@ -942,11 +947,8 @@ async def test_a_judge_beside_the_tested_code_keeps_its_secret(tmp_path: Path, l
     task = write_task(tmp_path / layout, script_toml(f"judge-{layout}"),
                       {"test.sh": test, "judge.py": JUDGE}, {"README.md": "guess\n"},
                       {"guess.py": BINARY_SEARCH})
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"guess.py": BINARY_SEARCH.encode()}))
-        attack = await grader.grade_files(task, task.workspace.overlay(
-            {"guess.py": READS_THE_JUDGES_MEMORY.encode()}))
+    honest, attack = await honest_and_attacked(task, "guess.py", BINARY_SEARCH,
+                                               READS_THE_JUDGES_MEMORY)
     assert honest.reward == 1.0, (honest.flags, honest.log)
     assert attack.reward == expected, (attack.flags, attack.log)
 
@@ -981,10 +983,6 @@ async def test_cases_read_first_are_out_of_the_tested_codes_reach(tmp_path: Path
     task = write_task(tmp_path / "t", script_toml("cases-first"),
                       {"test.sh": CASES_FIRST_TEST, **LOOP_CASES}, {"README.md": "count\n"},
                       {"count.py": COUNT})
-    async with Grader() as grader:
-        honest = await grader.grade_files(task, task.workspace.overlay(
-            {"count.py": COUNT.encode()}))
-        attacked = await grader.grade_files(task, task.workspace.overlay(
-            {"count.py": MOVES_EVERY_POSITION.encode()}))
+    honest, attacked = await honest_and_attacked(task, "count.py", COUNT, MOVES_EVERY_POSITION)
     assert honest.reward == 1.0, (honest.flags, honest.log)
     assert attacked.reward == 0.0 and "FAIL 2.in" in attacked.log, attacked.log
