@@ -46,7 +46,7 @@ from sandbox import _fork, storages
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.tasks import setup as setup_module
 from tempering.tasks.repo_bugs import repo_bugs
-from tempering.tasks.setup import PreparedRoot
+from tempering.tasks.setup import PreparedRoot, without_setup
 from tempering.tasks.task import SetupConfig, Task
 
 ACCELERATOR_FUNCTIONS = 900  # about 2 s of cc -O2 on this project's CI machines
@@ -105,8 +105,7 @@ async def check_ready(sb: Sandbox) -> None:
 
 async def prepare_each(task: Task, n: int) -> float:
     """N samples, each starting its sandbox, writing the repository and running the setup."""
-    bare = dataclasses.replace(task, config=task.config.model_copy(
-        update={"setup": SetupConfig()}))
+    bare = without_setup(task)
     opened: list[Sandbox] = []
 
     async def one() -> None:
@@ -147,8 +146,7 @@ async def prepare_once(task: Task, n: int, *, cached: bool = False) -> float:
 
 async def setup_alone(task: Task) -> float:
     """The setup step's time in a sandbox of the task's (one CPU), as each sample has it."""
-    bare = dataclasses.replace(task, config=task.config.model_copy(
-        update={"setup": SetupConfig()}))
+    bare = without_setup(task)
     async with open_sandbox(task.sandbox) as sb:
         await bare.prepare(sb)
         start = time.perf_counter()

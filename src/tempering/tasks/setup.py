@@ -49,10 +49,15 @@ async def prepared(task: Task, limits: Limits | None = None) -> Task:
     return _prepared[task.digest]
 
 
+def without_setup(task: Task) -> Task:
+    """``task`` with no setup step: its files as the task holds them, nothing run on them."""
+    return dataclasses.replace(task, config=task.config.model_copy(
+        update={"setup": SetupConfig()}))
+
+
 async def _run_setup(task: Task, limits: Limits) -> Task:
     setup = task.config.setup
-    bare = dataclasses.replace(task, config=task.config.model_copy(
-        update={"setup": SetupConfig()}))
+    bare = without_setup(task)
     cpus = min(setup.cpus or host_cpus(), host_cpus())
     try:
         async with open_sandbox(task.sandbox.model_copy(update={"cpus": cpus})) as sb:
