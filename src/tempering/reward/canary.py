@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tempering import syntax
 from tempering.reward.kept import Kept
 
 WORDS = ("basic", "edge", "extra", "more", "cases", "regression", "values", "inputs", "small",
@@ -142,7 +143,7 @@ def _work_out(sources: Mapping[str, bytes], workdir: str, tests_dir: str) -> _Pl
 
 def _parse(source: bytes) -> ast.Module | None:
     try:
-        return ast.parse(source)
+        return syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

@@ -27,6 +27,7 @@ from importlib.util import MAGIC_NUMBER
 from types import TracebackType
 from typing import Self
 
+from tempering import syntax
 from tempering.errors import SandboxError, SandboxStartError, VerifierError
 from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.isolation import by_syntax, exchanges_data, ran_here
@@ -542,7 +543,7 @@ def _canary_imports(task: Task) -> str:
         if not path.endswith(".py"):
             continue
         try:
-            tree = ast.parse(task.tests[path])
+            tree = syntax.parse(task.tests[path])
         except (SyntaxError, ValueError):
             continue
         for node in tree.body:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 
+from tempering import syntax
 from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.kept import Kept
 from tempering.reward.runner import TestRun
@@ -99,7 +100,7 @@ def _auto(task: Task) -> tuple[str, str]:
         if not path.endswith(".py"):
             continue
         try:
-            tree = ast.parse(task.tests[path])
+            tree = syntax.parse(task.tests[path])
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return "shared", f"{path} does not parse"
         why = reaches_in(tree)

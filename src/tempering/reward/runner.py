@@ -30,8 +30,8 @@ from importlib import resources
 from pathlib import Path
 from types import CodeType
 
-from tempering.reward import canary
-from tempering.reward.inside_compile import compile_hidden
+from tempering import syntax
+from tempering.reward import canary, inside_compile
 from tempering.reward.kept import Kept
 from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
@@ -266,7 +266,7 @@ def _template_code(template: str, literal: object, probes: bool = True) -> CodeT
     """A mutant's template compiled with the stand-ins (None if it does not compile)."""
     stand_in = {int: _INT, str: _STR}.get(type(literal), literal)
     text = f"{canary.fill(template, _BREAKS, stand_in)}\n\n\n{canary.holding(_HOLDS, _NUMBER)}"
-    compiled = compile_hidden({"<canary>": text.encode()}, rewrite=False,
+    compiled = _compile_hidden({"<canary>": text.encode()}, rewrite=False,
                               probes=probes)["<canary>"]
     return compiled if isinstance(compiled, CodeType) else None
 
@@ -293,9 +293,17 @@ def compile_sources(sources: Mapping[str, bytes], probes: bool = True) -> dict[s
     """The hidden Python files that compile, compiled as the plain runner's launcher would
     (``inside_compile.py``), as marshal data by path."""
     return {path: marshal.dumps(code)  # type: ignore[arg-type]  # a code object
-            for path, code in compile_hidden(dict(sources), rewrite=False,
+            for path, code in _compile_hidden(dict(sources), rewrite=False,
                                              probes=probes).items()
             if not isinstance(code, BaseException)}
+
+
+def _compile_hidden(sources: dict[str, bytes], *, rewrite: bool,
+                     probes: bool) -> dict[str, object]:
+    """``inside_compile.compile_hidden`` in this process: its parses and compiles of trees
+    one at a time (``tempering.syntax``)."""
+    with syntax.LOCK:
+        return inside_compile.compile_hidden(sources, rewrite=rewrite, probes=probes)
 
 
 def _human_log(stdout: str, tag: str) -> str:

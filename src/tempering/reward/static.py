@@ -16,7 +16,6 @@ the tests fail them.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import difflib
 import io
@@ -31,6 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tempering import syntax
 from tempering.reward import names as _names
 from tempering.reward.names import DYNAMIC, DYNAMIC_CALL, INTROSPECTION_CALLS, Names
 from tempering.reward.tamper import Screened
@@ -105,7 +105,7 @@ def _parse(sources: dict[str, str], big: dict[str, Names | None]) -> dict[str, N
                 parsed[path] = names
             continue
         try:
-            parsed[path] = Names(ast.parse(text, filename=path))
+            parsed[path] = Names(syntax.parse(text, filename=path), parse=syntax.parse)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue  # the interpreter refuses it too: the tests fail it
     return parsed

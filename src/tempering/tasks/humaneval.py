@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tempering import syntax
 from tempering.sandbox import SandboxSpec
 from tempering.tasks.files import FileTree
 from tempering.tasks.task import GradingConfig, Task, TaskConfig, TaskInfo
@@ -47,7 +48,7 @@ def prompt_helpers(prompt: str, entry_point: str) -> str:
     calls them, and the agent's ``solution.py``, which ``from solution import *`` would
     otherwise bind them from, could redefine them (a ``poly`` that is always 0, an
     ``encode_cyclic`` that returns its input, a ``math`` of its own)."""
-    tree = ast.parse(prompt)
+    tree = syntax.parse(prompt)
     kept = [ast.get_source_segment(prompt, node) or "" for node in tree.body
             if isinstance(node, ast.Import | ast.ImportFrom) or (
                 isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry_point)]
