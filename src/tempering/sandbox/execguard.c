@@ -30,43 +30,14 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/landlock.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <limits.h>
-#include <sys/prctl.h>
+#include <stdarg.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#ifndef LANDLOCK_ACCESS_FS_REFER
-#define LANDLOCK_ACCESS_FS_REFER (1ULL << 13)
-#endif
-#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
-#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
-#endif
-#ifndef SYS_landlock_create_ruleset
-#define SYS_landlock_create_ruleset 444
-#define SYS_landlock_add_rule 445
-#define SYS_landlock_restrict_self 446
-#endif
-#define SCOPE_SIGNAL (1ULL << 1)
+#include "domains.h"
 
-/* landlock_ruleset_attr as of ABI 6 (older headers lack the last two fields); the size given
- * to the kernel is what the running ABI knows. */
-struct ruleset_attr {
-    uint64_t handled_access_fs;
-    uint64_t handled_access_net;
-    uint64_t scoped;
-};
-
-extern char **environ;
 
 static char guarded[512];   /* absolute, normalised: the directory no program may write */
 static int is_shell;        /* this process is the script's shell (or became it by exec) */
@@ -86,10 +57,6 @@ static int open_raw(int dirfd, const char *path, int flags, mode_t mode) {
     return (int)syscall(SYS_openat, dirfd, path, flags, mode);
 }
 
-static long landlock_abi(void) {
-    return syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-}
-
 static uint64_t write_rights(long abi) {
     uint64_t rights = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR |
         LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR |
@@ -99,45 +66,6 @@ static uint64_t write_rights(long abi) {
     if (abi >= 2) rights |= LANDLOCK_ACCESS_FS_REFER;
     if (abi >= 3) rights |= LANDLOCK_ACCESS_FS_TRUNCATE;
     return rights;
-}
-
-/* Grant `rights` on every entry of directory `dir` but `skip`. Nothing here touches the heap:
- * it runs in the child of a vfork too, which shares the shell's memory. */
-struct dirent64_ { uint64_t ino; int64_t off; unsigned short reclen; unsigned char type;
-                   char name[]; };
-
-static int grant_siblings(int ruleset, const char *dir, const char *skip, uint64_t rights,
-                          uint64_t file_rights) {
-    int dfd = open_raw(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (dfd < 0) return -1;
-    char buf[4096], path[1024];
-    long n;
-    while ((n = syscall(SYS_getdents64, dfd, buf, sizeof buf)) > 0) {
-        for (long at = 0; at < n;) {
-            struct dirent64_ *e = (struct dirent64_ *)(buf + at);
-            at += e->reclen;
-            if (!strcmp(e->name, ".") || !strcmp(e->name, "..") || !strcmp(e->name, skip))
-                continue;
-            snprintf(path, sizeof path, "%s/%s", strcmp(dir, "/") ? dir : "", e->name);
-            int fd = open_raw(AT_FDCWD, path, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0);
-            if (fd < 0) continue;  /* gone, or unreachable: nothing to grant */
-            struct landlock_path_beneath_attr rule = {
-                .allowed_access = e->type == DT_DIR ? rights : file_rights, .parent_fd = fd };
-            if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0)
-                    < 0) {
-                rule.allowed_access = file_rights;  /* not a directory after all, or a link */
-                if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule,
-                            0) < 0 && errno != EINVAL) {
-                    close(fd);
-                    close(dfd);
-                    return -1;
-                }
-            }
-            close(fd);
-        }
-    }
-    close(dfd);
-    return n < 0 ? -1 : 0;
 }
 
 /* This process, from now on: no write of any kind below `guarded`. Applied at every exec,
@@ -152,9 +80,8 @@ static int restrict_self(void) {
     uint64_t file_rights = LANDLOCK_ACCESS_FS_WRITE_FILE |
         (abi >= 3 ? LANDLOCK_ACCESS_FS_TRUNCATE : 0);
     struct ruleset_attr attr = { .handled_access_fs = rights };
-    size_t size = abi >= 6 ? sizeof attr : abi >= 4 ? 2 * sizeof(uint64_t) : sizeof(uint64_t);
     if (abi >= 6) attr.scoped = SCOPE_SIGNAL;
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, ruleset_size(abi), 0);
     if (ruleset < 0) return -1;
     /* Walk down to the guarded directory: at each level, everything but the next step. */
     char prefix[512] = "/", component[256];
@@ -171,10 +98,11 @@ static int restrict_self(void) {
         strncat(prefix, component, sizeof prefix - strlen(prefix) - 1);
         rest = slash ? slash + 1 : rest + n;
     }
-    if (ok == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ok = -1;
-    if (ok == 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) ok = -1;
-    close(ruleset);
-    return ok;
+    if (ok < 0) {
+        close(ruleset);
+        return -1;
+    }
+    return enter_domain(ruleset);
 }
 
 /* Whether `path` (as given to openat with `dirfd`) is the name of kept file `k`'s link: the
@@ -502,58 +430,7 @@ pid_t fork(void) {
     return pid;
 }
 
-int execve(const char *path, char *const argv[], char *const envp[]) {
-    return guarded_exec(AT_FDCWD, path, argv, envp, 0);
-}
-
-int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
-    return guarded_exec(dirfd, path, argv, envp, flags);
-}
-
-int fexecve(int fd, char *const argv[], char *const envp[]) {
-    return guarded_exec(fd, "", argv, envp, AT_EMPTY_PATH);
-}
-
-int execv(const char *path, char *const argv[]) {
-    return guarded_exec(AT_FDCWD, path, argv, environ, 0);
-}
-
-/* The p-variants search PATH here (glibc's would reach the kernel by an internal name). */
-int execvpe(const char *file, char *const argv[], char *const envp[]) {
-    if (strchr(file, '/') != NULL) return guarded_exec(AT_FDCWD, file, argv, envp, 0);
-    const char *search = getenv("PATH");
-    if (search == NULL) search = "/usr/local/bin:/usr/bin:/bin";
-    char path[4096];
-    int seen_eacces = 0;
-    for (const char *p = search; ; ) {
-        const char *end = strchr(p, ':');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        snprintf(path, sizeof path, "%.*s%s%s", (int)n, p, n ? "/" : "", file);
-        guarded_exec(AT_FDCWD, path, argv, envp, 0);
-        if (errno == EACCES) seen_eacces = 1;
-        else if (errno != ENOENT && errno != ENOTDIR) return -1;
-        if (end == NULL) break;
-        p = end + 1;
-    }
-    errno = seen_eacces ? EACCES : ENOENT;
-    return -1;
-}
-
-int execvp(const char *file, char *const argv[]) {
-    return execvpe(file, argv, environ);
-}
-
-int posix_spawn(void *pid, const char *path, const void *actions, const void *attr,
-                char *const argv[], char *const envp[]) {
-    (void)pid; (void)path; (void)actions; (void)attr; (void)argv; (void)envp;
-    return EPERM;  /* its child would exec unseen by execve above */
-}
-
-int posix_spawnp(void *pid, const char *file, const void *actions, const void *attr,
-                 char *const argv[], char *const envp[]) {
-    (void)pid; (void)file; (void)actions; (void)attr; (void)argv; (void)envp;
-    return EPERM;
-}
+#include "exec_hooks.h"
 
 __attribute__((constructor)) static void start(void) {
     if (getenv("TEMPERING_GUARD_PROBE") != NULL) _exit(landlock_abi() >= 1 ? 97 : 98);

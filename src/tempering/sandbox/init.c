@@ -87,6 +87,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "domains.h"
 #include "wire.h"
 
 enum { MSG_EXEC = 1, MSG_KILL = 2, MSG_MARK = 3, MSG_KILL_ALL = 4, MSG_CGROUP = 5 };
@@ -518,48 +519,23 @@ static void install_seccomp(int notrace) {
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) < 0) die_setup("seccomp");
 }
 
-#ifndef SYS_landlock_create_ruleset
-#define SYS_landlock_create_ruleset 444
-#define SYS_landlock_add_rule 445
-#define SYS_landlock_restrict_self 446
-#endif
-
 /* In a "notrace" sandbox: no command may open a file below /proc for writing (another
  * process's /proc/PID/mem, which a process of the same uid may otherwise write). A Landlock
  * domain of init's, which every command inherits: writing stays allowed below every other
  * entry of /. Magic links (/dev/stdout, /proc/self/fd/N) reach their target, whose own path
  * is what Landlock judges. Landlock missing: the sandbox does not start (fail closed). */
 static void forbid_proc_writes(void) {
-    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-    if (abi < 1)
+    if (landlock_abi() < 1)
         die_setup("Landlock, which a grading sandbox needs to keep its processes apart "
                   "(Linux 5.13 or later, with landlock in the kernel's lsm= list; "
                   "`tempering doctor` checks it)");
     uint64_t rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
-    struct landlock_ruleset_attr attr = { .handled_access_fs = rights };
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr.handled_access_fs, 0);
+    struct ruleset_attr attr = { .handled_access_fs = rights };
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(uint64_t), 0);
     if (ruleset < 0) die_setup("landlock_create_ruleset");
-    DIR *root = opendir("/");
-    if (!root) die_setup("opendir /");
-    struct dirent *e;
-    while ((e = readdir(root))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "proc"))
-            continue;
-        char path[300];
-        snprintf(path, sizeof path, "/%s", e->d_name);
-        int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct landlock_path_beneath_attr rule = { .allowed_access = rights, .parent_fd = fd };
-        /* a link among /'s entries (/bin -> usr/bin) needs no rule: its target has one */
-        if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0 &&
-            errno != EINVAL && errno != EBADFD)
-            die_setup(path);
-        close(fd);
-    }
-    closedir(root);
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die_setup("no_new_privs");
-    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die_setup("landlock_restrict_self");
-    close(ruleset);
+    /* a link among /'s entries (/bin -> usr/bin) needs no rule: its target has one */
+    if (grant_siblings(ruleset, "/", "proc", rights, rights) < 0) die_setup("landlock rules for /");
+    if (enter_domain(ruleset) < 0) die_setup("landlock_restrict_self");
 }
 
 /* ---------- process trees ---------- */

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tempering.errors import SandboxUnavailableError
 
-HEADERS = ("wire.h",)  # included by the C programs: part of what a build depends on
+# included by the C programs: part of what a build depends on
+HEADERS = ("wire.h", "domains.h", "exec_hooks.h")
 
 
 def home() -> Path:
