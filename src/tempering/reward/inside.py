@@ -1666,6 +1666,11 @@ def _first_line(fd):
 
 
 def main():
+    if not boundary_module.nested():
+        os.write(2, b"tempering-launcher: this python3 did not load the grader's nestguard.so "
+                    b"(a libc other than glibc, or a python3 that is a script?), which keeps "
+                    b"the programs the tests start apart\n")
+        os._exit(boundary_module.NOT_NESTED)
     runner = sys.argv[1]
     if runner == "pytest":
         import importlib

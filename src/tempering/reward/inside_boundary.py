@@ -493,7 +493,8 @@ def solve(sock, workspace):
 
 def fork_solver(workspace, hide=None, before=None):
     """Fork the solver (closing every other descriptor) and return the launcher's end of its
-    socket and its pid. ``before(child_pid)``, in the child, runs first (namespaces, user)."""
+    socket and its pid. ``before(child_pid)``, in the child, runs first (namespaces, user);
+    then the solver enters a Landlock domain of its own (``own_domain``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
@@ -504,12 +505,51 @@ def fork_solver(workspace, hide=None, before=None):
             os.closerange(keep + 1, 1 << 16)
             if before is not None:
                 before()
+            own_domain()
             solve(theirs, workspace)
         except BaseException as exc:  # noqa: BLE001
             os.write(2, f"tempering-solver: {exc!r}\n".encode())
         os._exit(0)
     theirs.close()
     return ours, pid
+
+
+# ---- programs kept apart ----
+
+NOT_NESTED = 86  # the launcher's exit status without nestguard (runner.NOT_NESTED)
+MAKE_BLOCK = 1 << 11  # LANDLOCK_ACCESS_FS_MAKE_BLOCK
+
+
+def nested():
+    """Whether this interpreter loaded nestguard (``sandbox/nestguard.c``: each program it
+    starts runs in a Landlock domain of its own, out of reach of the others), which then
+    told so in ``TEMPERING_NEST``. Its variables are taken out of the environment the tests
+    see, and ``subprocess`` kept from ``posix_spawn``, which the guard refuses (its child
+    execs unseen)."""
+    loaded = os.environ.pop("TEMPERING_NEST", None) == "loaded"
+    os.environ.pop("LD_PRELOAD", None)
+    import subprocess
+
+    subprocess._USE_POSIX_SPAWN = False
+    return loaded
+
+
+def own_domain():
+    """This process in a Landlock domain of its own (nestguard.c's ``enter_own_domain``):
+    the solver runs the tested code, and the programs the tests start (in domains of their
+    own) are out of its reach, as it is out of theirs. Fails closed: OSError."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = struct.pack("=Q", MAKE_BLOCK)
+    ruleset = libc.syscall(444, attr, len(attr), 0)  # landlock_create_ruleset
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "Landlock: the solver's own domain")
+    try:
+        if libc.prctl(38, 1, 0, 0, 0) < 0 or libc.syscall(446, ruleset, 0) < 0:  # NNP, restrict
+            raise OSError(ctypes.get_errno(), "Landlock: the solver's own domain")
+    finally:
+        os.close(ruleset)
 
 
 # ---- the launcher's side ----

@@ -22,6 +22,10 @@ the **grading process**, PID 1 of that namespace, which
    first forks the **solver**, the tested code's process (``inside_boundary.py``), into the
    same cgroup, in a mount namespace of its own where the tests directory is empty.
 
+The zygote's interpreter loads ``nestguard`` (``sandbox/nestguard.c``, preloaded): every
+program a grading's tests start runs in a Landlock domain of its own, out of the others'
+reach; a zygote whose ``python3`` did not load it says so and serves nothing.
+
 The zygote reaps each grading and tells the host its exit status on a socket of its own, which
 no grading holds. Nothing the agent wrote is read before step 3, and the zygote's own memory is
 never touched by a grading (fork). A grading has no ptys: the zygote's /dev has no devpts
@@ -338,6 +342,10 @@ def reap(wake_r, statuses):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
+    if not inside.boundary_module.nested():
+        control.send(b"error this python3 did not load the grader's nestguard.so (a libc other "
+                     b"than glibc?), which keeps the programs the tests start apart")
+        return
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())

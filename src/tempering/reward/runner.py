@@ -31,11 +31,13 @@ from pathlib import Path
 from types import CodeType
 
 from tempering import syntax
+from tempering.errors import VerifierError
 from tempering.reward import canary, inside_compile
 from tempering.reward.kept import Kept
 from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
+from tempering.sandbox.native import native_library
 from tempering.tasks.files import FileTree
 from tempering.tasks.task import pytest_args
 
@@ -44,6 +46,8 @@ __all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_
 
 LAUNCHER_DIR = "/tmp/.tempering"
 LAUNCHER_FILES = ("inside.py", "inside_boundary.py", "inside_compile.py", "inside_guard.py")
+NEST_GUARD = "nestguard.so"  # sandbox/nestguard.c, preloaded into the launcher
+NOT_NESTED = 86  # the launcher's exit status when its interpreter did not load it
 PREFIX = "@@tempering "
 INI = """[pytest]
 addopts =
@@ -89,7 +93,8 @@ class Launcher:
         command = await sb.start(["python3", "-I", "-B", "-c", run_module(LAUNCHER_DIR, "inside"),
                                   runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
-                                      "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+                                      "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                                      **nest_env(LAUNCHER_DIR)})
         return cls(sb, command, runner)
 
     async def run(self, args: list[str], tests: FileTree, tests_dir: str, timeout: float,
@@ -117,6 +122,9 @@ class Launcher:
         await self.command.write(first.encode() + b"\n" + encode_config(plan.config))
         self.command.close_stdin()
         result = await self.command.result(timeout)
+        if result.exit_code == NOT_NESTED and not result.stdout:
+            raise VerifierError(f"the grading sandbox cannot run the hidden tests: "
+                                f"{result.stderr.strip()[-300:]}")
         run = plan.read(result.stdout)
         run.exit_code, run.timed_out = result.exit_code, result.timed_out
         run.oom, run.truncated = result.oom_killed, result.truncated
@@ -138,19 +146,32 @@ def run_module(directory: str, name: str) -> str:
             f"{name}.main()")
 
 
+def nest_env(directory: str) -> dict[str, str]:
+    """The environment that has the launcher's interpreter, its files in ``directory``, load
+    ``nestguard`` (each program it starts in a Landlock domain of its own), and keeps its
+    ``subprocess`` from starting programs by ``posix_spawn``, which the guard refuses (Python
+    3.13 reads the variable; ``inside.main`` turns it off in older ones)."""
+    return {"LD_PRELOAD": f"{directory}/{NEST_GUARD}", "TEMPERING_NEST": "1",
+            "_PYTHON_SUBPROCESS_USE_POSIX_SPAWN": "0"}
+
+
 @functools.cache
 def launcher_files(names: tuple[str, ...]) -> dict[str, bytes]:
     """The launcher's modules ``names`` and their bytecode compiled here, for the grading
     interpreter to load instead of compiling them on every start: under
     ``__pycache__/NAME.<this interpreter's cache tag>.pyc``, which an interpreter of another
-    version never reads, and checked against the source's hash when it is read."""
+    version never reads, and checked against the source's hash when it is read; and the
+    library it preloads (``NEST_GUARD``)."""
     package = resources.files("tempering.reward")
     files = {name: package.joinpath(name).read_bytes() for name in names}
+    files[NEST_GUARD] = native_library("nestguard").read_bytes()
     tag = sys.implementation.cache_tag
     if tag is None:
         return files
     with tempfile.TemporaryDirectory(prefix="tempering-pyc-") as tmp:
         for name, data in list(files.items()):
+            if not name.endswith(".py"):
+                continue
             source = Path(tmp, name)
             source.write_bytes(data)
             cached = Path(tmp, f"{name[:-3]}.pyc")

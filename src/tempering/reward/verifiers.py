@@ -26,11 +26,14 @@ import json
 import math
 import secrets
 
+from tempering.errors import VerifierError
 from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.runner import (
     LAUNCHER_DIR,
+    NOT_NESTED,
     SEPARATE,
     encode_config,
+    nest_env,
     parse_report_records,
 )
 from tempering.sandbox import Sandbox
@@ -92,7 +95,10 @@ async def _call_function(sb: Sandbox, verifier: VerifierConfig, source: bytes | 
     first = f"process {sb.spec.workdir}" if isolation in SEPARATE else "shared"
     result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
                            stdin=first.encode() + b"\n" + encode_config(config),
-                           timeout=verifier.timeout_s, env=env)
+                           timeout=verifier.timeout_s, env={**env, **nest_env(LAUNCHER_DIR)})
+    if result.exit_code == NOT_NESTED and not result.stdout:
+        raise VerifierError(f"the grading sandbox cannot run the verifier: "
+                            f"{result.stderr.strip()[-300:]}")
     records = parse_report_records(result.stdout, key)
     audit = [(str(r.get("flag")), str(r.get("detail")), str(r.get("where")))
              for r in records if r.get("event") == "audit"]

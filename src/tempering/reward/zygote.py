@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tempering.errors import SandboxStartError
-from tempering.reward.runner import LAUNCHER_FILES, launcher_files, run_module
+from tempering.reward.runner import LAUNCHER_FILES, launcher_files, nest_env, run_module
 from tempering.sandbox import cgroup
 from tempering.sandbox.files import Storage
 from tempering.sandbox.host import host, spawner
@@ -184,7 +184,9 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        args = bwrap_argv(self.spec, ["--ro-bind", str(bundle), ZYGOTE_DIR],
+        preload = [arg for name, value in nest_env(ZYGOTE_DIR).items()
+                   for arg in ("--setenv", name, value)]
+        args = bwrap_argv(self.spec, ["--ro-bind", str(bundle), ZYGOTE_DIR, *preload],
                           ["/usr/bin/python3", "-I", "-B", "-c",
                            run_module(ZYGOTE_DIR, "inside_zygote"), "3",
                            f"{ZYGOTE_DIR}/seccomp.bpf"])
@@ -204,9 +206,11 @@ class Zygote:
                 self._pid = await read_child_pid(info_r)
                 self._group.create(memory_mb=1024, pids=4096, cpus=self.spec.cpus)
                 self._group.attach(self._pid)
-                ready = await asyncio.get_running_loop().sock_recv(ours, 64)
+                ready = await asyncio.get_running_loop().sock_recv(ours, 512)
                 if not ready.startswith(b"ready "):
-                    raise SandboxStartError("the grading zygote did not start")
+                    why = ready[6:].decode(errors="replace") if ready.startswith(b"error ") \
+                        else "no word from it"
+                    raise SandboxStartError(f"the grading zygote did not start: {why}")
                 self.magic = bytes.fromhex(ready[6:].decode())
         except (OSError, TimeoutError) as exc:
             raise SandboxStartError(f"the grading zygote did not start: {exc}") from None

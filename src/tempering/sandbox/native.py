@@ -46,7 +46,8 @@ def native_binary(name: str) -> Path:
 
 @cache
 def native_library(name: str) -> Path:
-    """Path of ``<name>.c`` built as a shared library (for LD_PRELOAD: ``execguard.c``)."""
+    """Path of ``<name>.c`` built as a shared library (for LD_PRELOAD: ``execguard.c``,
+    ``nestguard.c``)."""
     return _build(name, [["-shared", "-fPIC"]], ".so")
 
 
