@@ -150,9 +150,12 @@ def nest_env(directory: str) -> dict[str, str]:
     """The environment that has the launcher's interpreter, its files in ``directory``, load
     ``nestguard`` (each program it starts in a Landlock domain of its own), and keeps its
     ``subprocess`` from starting programs by ``posix_spawn``, which the guard refuses (Python
-    3.13 reads the variable; ``inside.main`` turns it off in older ones)."""
+    3.13 reads the variable; ``inside.main`` turns it off in older ones). The programs the
+    tests start inherit the rest: no Python of theirs reads the user's site directory, where
+    the tested code, which may write $HOME, left a ``.pth`` that ran in a judge the tests
+    started later (red team, round fifty-two: 1.0)."""
     return {"LD_PRELOAD": f"{directory}/{NEST_GUARD}", "TEMPERING_NEST": "1",
-            "_PYTHON_SUBPROCESS_USE_POSIX_SPAWN": "0"}
+            "_PYTHON_SUBPROCESS_USE_POSIX_SPAWN": "0", "PYTHONNOUSERSITE": "1"}
 
 
 @functools.cache

@@ -28,6 +28,66 @@
 
 extern char **environ;
 
+#define ENV_MAX 8192
+#define PRELOAD_MAX 4096
+
+/* The path this library was preloaded by: the entry of LD_PRELOAD named `file` (its own file
+ * name), copied into `self` at start (empty when there is none). */
+static void find_self(const char *file, char *self, size_t size) {
+    const char *list = getenv("LD_PRELOAD");
+    size_t want = strlen(file);
+    self[0] = 0;
+    while (list != NULL && *list) {
+        size_t n = strcspn(list, ": ");
+        if (n >= want && n < size && strncmp(list + n - want, file, want) == 0
+                && (n == want || list[n - want - 1] == '/')) {
+            memmove(self, list, n);
+            self[n] = 0;
+            return;
+        }
+        list += n + (list[n] != 0);
+    }
+}
+
+/* The environment a program starts with, in `out` (ENV_MAX entries, NULL-terminated): `envp`
+ * without this library's own variables (those starting with `own`) and without `self` in
+ * LD_PRELOAD; any other library there stays (a test's own preload is the test's). With
+ * `keep` (a variable such as "TEMPERING_NEST=1"), the library stays instead, first in
+ * LD_PRELOAD, and `keep` is added. `preload` (PRELOAD_MAX bytes) holds the new LD_PRELOAD
+ * entry. -1 when it does not fit (E2BIG). */
+static int program_env(char *const envp[], char **out, char *preload, const char *self,
+                       const char *own, const char *keep) {
+    size_t k = 0, len = strlen("LD_PRELOAD="), own_len = strlen(own);
+    memmove(preload, "LD_PRELOAD=", len + 1);
+    if (keep != NULL && self[0]) {
+        if (len + strlen(self) + 1 > PRELOAD_MAX) return -1;
+        len += (size_t)snprintf(preload + len, PRELOAD_MAX - len, "%s", self);
+    }
+    for (size_t i = 0; envp != NULL && envp[i] != NULL; i++) {
+        if (k + 3 > ENV_MAX) return -1;
+        if (strncmp(envp[i], own, own_len) == 0) continue;
+        if (strncmp(envp[i], "LD_PRELOAD=", 11) != 0) {
+            out[k++] = envp[i];
+            continue;
+        }
+        for (const char *p = envp[i] + 11; *p; ) {
+            size_t n = strcspn(p, ": ");
+            if (n > 0 && !(strlen(self) == n && strncmp(p, self, n) == 0)) {
+                if (len + n + 2 > PRELOAD_MAX) return -1;
+                if (len > 11) preload[len++] = ':';
+                memmove(preload + len, p, n);
+                len += n;
+                preload[len] = 0;
+            }
+            p += n + (p[n] != 0);
+        }
+    }
+    if (len > 11) out[k++] = preload;  /* a library in it */
+    if (keep != NULL) out[k++] = (char *)keep;
+    out[k] = NULL;
+    return 0;
+}
+
 static int guarded_exec(int dirfd, const char *path, char *const argv[], char *const envp[],
                         int flags);
 

@@ -7,7 +7,8 @@
  * written, truncated, removed, linked or renamed (everything else can, as before), and which
  * the program and everything it starts inherit, whatever they are linked against or do to
  * their environment: the kernel keeps the domain, not this library (which the program does
- * not load: LD_PRELOAD and the TEMPERING_GUARD variables are taken out of its environment).
+ * not load: it is taken out of LD_PRELOAD, where a library the script preloads itself stays,
+ * and the TEMPERING_GUARD variables out of its environment).
  * Landlock also keeps a program in the domain from tracing the shell or writing its memory
  * (ptrace, /proc/PID/mem) and, with ABI 6, from signalling it.
  *
@@ -37,9 +38,11 @@
 #include <sys/stat.h>
 
 #include "domains.h"
+#include "exec_hooks.h"
 
 
 static char guarded[512];   /* absolute, normalised: the directory no program may write */
+static char self_path[PRELOAD_MAX];  /* this library, as LD_PRELOAD names it */
 static int is_shell;        /* this process is the script's shell (or became it by exec) */
 static pid_t shell_pid;
 
@@ -338,12 +341,6 @@ static void keep(const char *spec) {
     }
 }
 
-static int ours(const char *entry) {
-    return !strncmp(entry, "LD_PRELOAD=", 11) || !strncmp(entry, "TEMPERING_GUARD", 15);
-}
-
-#define ENV_MAX 8192
-
 /* Before a program runs: every descriptor of the shell's on a kept file closed, but its
  * standard output (`python3 -I grade.py > $VERIFIER_DIR/reward.json`, the verdict's helper).
  * Landlock decides at open, not at write: a script that opened its verdict up front (`exec
@@ -408,9 +405,11 @@ static int guarded_exec(int dirfd, const char *path, char *const argv[], char *c
         return -1;
     }
     close_kept_descriptors();
-    for (size_t i = 0; i < n; i++)
-        if (!ours(envp[i])) env[k++] = envp[i];
-    env[k] = NULL;
+    char preload[PRELOAD_MAX];
+    if (program_env(envp, env, preload, self_path, "TEMPERING_GUARD", NULL) < 0) {
+        errno = E2BIG;
+        return -1;
+    }
     return (int)syscall(SYS_execveat, dirfd, path, argv, env, flags);
 }
 
@@ -430,8 +429,6 @@ pid_t fork(void) {
     return pid;
 }
 
-#include "exec_hooks.h"
-
 __attribute__((constructor)) static void start(void) {
     if (getenv("TEMPERING_GUARD_PROBE") != NULL) _exit(landlock_abi() >= 1 ? 97 : 98);
     const char *dir = getenv("TEMPERING_GUARDED");
@@ -446,6 +443,7 @@ __attribute__((constructor)) static void start(void) {
     if (n > 1 && guarded[n - 1] == '/') guarded[n - 1] = 0;
     is_shell = 1;
     shell_pid = getpid();
+    find_self("execguard.so", self_path, sizeof self_path);
     const char *keep_spec = getenv("TEMPERING_GUARD_KEEP");
     if (keep_spec != NULL) keep(keep_spec);
     open_record();
