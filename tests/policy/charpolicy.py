@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 
 from tempering.policy.base import GenerateRequest, Generation, Message
-from tempering.policy.toolcalls import parse_tool_calls
+from tempering.trajectory.toolcalls import parse_tool_calls
 
 
 def render(messages: Sequence[Message]) -> str:

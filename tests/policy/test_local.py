@@ -18,7 +18,7 @@ from tempering.errors import ConfigError, PolicyError  # noqa: E402
 from tempering.policy.base import GenerateRequest, Message, Policy, SamplingParams  # noqa: E402
 from tempering.policy.local import LocalEngine  # noqa: E402
 from tempering.policy.tiny import build_tiny_model  # noqa: E402
-from tempering.policy.toolcalls import parse_tool_calls, render_tool_call  # noqa: E402
+from tempering.trajectory.toolcalls import parse_tool_calls, render_tool_call  # noqa: E402
 
 BASH = {"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",

@@ -16,10 +16,10 @@ import pytest
 from backends import GRADING_ROOTFS, unavailable
 from tempering.errors import ConfigError
 from tempering.reward import Grader, RewardResult
+from tempering.reward.validate import validate_task
 from tempering.sandbox import SandboxSpec
 from tempering.tasks import Task, load_task
 from tempering.tasks.task import GradingConfig
-from tempering.tasks.validate import validate_task
 
 CLI_TEST = """#!/bin/bash
 # Terminal-Bench style: run the CLI, compare, write the reward on every path.

@@ -27,9 +27,10 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tempering.errors import ConfigError, PolicyError, WorkerLostError  # noqa: E402
 from tempering.policy.base import GenerateRequest, Generation, Message, Policy  # noqa: E402
 from tempering.policy.config import LocalPolicyConfig, ScriptedPolicyConfig  # noqa: E402
+from tempering.policy.ray import RayPolicy, start_inference  # noqa: E402
 from tempering.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from tempering.scheduler.job import JobContext, JobSpec, JobStatus, Paused  # noqa: E402
-from tempering.scheduler.ray import RayExecutor, RayPolicy, start_inference  # noqa: E402
+from tempering.scheduler.ray import RayExecutor  # noqa: E402
 from tempering.scheduler.resources import Resources  # noqa: E402
 from tempering.trajectory.schema import Status  # noqa: E402
 

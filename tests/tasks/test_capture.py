@@ -14,11 +14,11 @@ from attempts import attempt
 from tempering.errors import ConfigError
 from tempering.reward import Grader
 from tempering.reward.grader import changes
+from tempering.reward.validate import validate_task
 from tempering.tasks import load_task
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree
 from tempering.tasks.setup import prepared
-from tempering.tasks.validate import validate_task
 
 HARBOR_TOML = """version = "1.0"
 

@@ -14,8 +14,8 @@ import pytest
 from attempts import attempt
 from tempering.errors import ConfigError
 from tempering.reward import Grader, RewardResult
+from tempering.reward.validate import validate_task
 from tempering.tasks import Task, load_task
-from tempering.tasks.validate import validate_task
 
 TASK_TOML = """version = "1.0"
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 
 from tempering.reward import Grader, RewardResult
+from tempering.reward.validate import validate_task
 from tempering.tasks import Task
 from tempering.tasks.files import FileTree
 from tempering.tasks.repo_bugs import REPOS, repo_bug_from_id, repo_bugs
 from tempering.tasks.task import GradingConfig, TaskConfig, TaskInfo
-from tempering.tasks.validate import validate_task
 
 
 def fixed(task: Task) -> FileTree:

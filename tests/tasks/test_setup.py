@@ -11,10 +11,10 @@ import pytest
 
 from tempering.errors import ConfigError
 from tempering.reward import Grader
+from tempering.reward.validate import validate_task
 from tempering.sandbox import open_sandbox
 from tempering.tasks import load_task
 from tempering.tasks.setup import PreparedRoot, prepared
-from tempering.tasks.validate import validate_task
 
 # The setup compiles a program the tests run; the agent must fix its source's output, and the
 # grading rebuilds nothing: the binary is in the prepared tree the grading sandbox holds.

@@ -15,9 +15,9 @@ import pytest
 from tempering.cli import main
 from tempering.errors import ConfigError
 from tempering.reward import Grader
+from tempering.reward.validate import validate_task
 from tempering.tasks import FileTree, Task, load_task
 from tempering.tasks.swe import import_instances
-from tempering.tasks.validate import validate_task
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.org",
            "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.org",

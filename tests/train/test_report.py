@@ -212,7 +212,7 @@ def test_a_single_step_and_a_constant_series_still_draw(tmp_path: Path) -> None:
 
 def test_rollbacks_are_in_the_headline_the_collapse_list_and_the_train_summary(
         tmp_path: Path) -> None:
-    from tempering.train.commands import _summary_line
+    from tempering.cli.train import _summary_line
     from tempering.train.report import COLLAPSES_FILE, read_collapses
 
     lines = metrics_lines(12)

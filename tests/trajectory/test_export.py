@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tempering.errors import ConfigError
-from tempering.policy.toolcalls import render_tool_call
 from tempering.reward.result import RewardResult
 from tempering.trajectory.export import (
     ATIF_VERSION,
@@ -21,6 +20,7 @@ from tempering.trajectory.export import (
     to_sft_jsonl,
 )
 from tempering.trajectory.schema import Status, Step, Trajectory
+from tempering.trajectory.toolcalls import render_tool_call
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "run a command",

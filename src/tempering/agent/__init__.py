@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
-from tempering.agent.episode import SYSTEM_PROMPT, Episode, EpisodeConfig, Recorder
+from tempering.agent.episode import SYSTEM_PROMPT, Episode, EpisodeConfig
 from tempering.agent.rollout import run_branches, run_episode
 from tempering.agent.tools import TOOLS, ToolBox, truncate
+from tempering.trajectory.schema import Recorder
 
 __all__ = ["Episode", "EpisodeConfig", "Recorder", "SYSTEM_PROMPT", "TOOLS", "ToolBox",
            "run_branches", "run_episode", "truncate"]

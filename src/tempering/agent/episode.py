@@ -18,7 +18,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -31,6 +31,7 @@ from tempering.tasks.task import Task
 from tempering.trajectory.schema import (
     EpisodeHeader,
     FinishReason,
+    Recorder,
     Status,
     Step,
     Trajectory,
@@ -89,14 +90,6 @@ class EpisodeConfig(BaseModel):
         if "submit" not in names:
             raise ValueError("the tools must include submit, or no episode could end by it")
         return names
-
-
-class Recorder(Protocol):
-    """Where an episode journals its steps (``TrajectoryStore`` is one)."""
-
-    def begin(self, trajectory_id: str, header: EpisodeHeader) -> None: ...
-    def record_step(self, trajectory_id: str, step: Step) -> None: ...
-    def append(self, trajectory: Trajectory) -> None: ...
 
 
 @dataclass(frozen=True)

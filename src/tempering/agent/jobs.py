@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder
+from tempering.agent.episode import Ending, Episode, EpisodeConfig
 from tempering.agent.rollout import quietly
 from tempering.policy.base import Policy
 from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, ScriptedPolicyConfig
@@ -27,7 +27,7 @@ from tempering.scheduler.job import JobContext, Paused, at_worker_stop
 from tempering.scheduler.resources import Resources
 from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
-from tempering.trajectory.schema import Status, Trajectory
+from tempering.trajectory.schema import Recorder, Status, Trajectory
 
 PolicyRef = Policy | ScriptedPolicyConfig | LocalPolicyConfig | OpenAIPolicyConfig
 _cache: dict[str, Any] = {}

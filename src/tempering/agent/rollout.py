@@ -17,11 +17,11 @@ import asyncio
 import shlex
 from typing import Any
 
-from tempering.agent.episode import Ending, Episode, EpisodeConfig, Recorder
+from tempering.agent.episode import Ending, Episode, EpisodeConfig
 from tempering.policy.base import Policy
 from tempering.sandbox import Sandbox, SandboxPool, open_sandbox
 from tempering.tasks.task import Task
-from tempering.trajectory.schema import Trajectory, new_id
+from tempering.trajectory.schema import Recorder, Trajectory, new_id
 
 
 async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | None = None,

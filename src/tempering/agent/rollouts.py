@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from tempering.agent.episode import EpisodeConfig, Recorder
+from tempering.agent.episode import EpisodeConfig
 from tempering.agent.jobs import PolicyRef, episode_job
 from tempering.errors import ConfigError
 from tempering.scheduler import JobResult, JobSpec, JobStatus, Resources, Scheduler
 from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
-from tempering.trajectory.schema import Trajectory, new_id
+from tempering.trajectory.schema import Recorder, Trajectory, new_id
 
 EPISODE_DEMAND = Resources.of(sandbox=1, inference=1)
 

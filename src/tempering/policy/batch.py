@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from tempering.policy.base import GenerateRequest, Generation
-from tempering.policy.toolcalls import parse_tool_calls
+from tempering.trajectory.toolcalls import parse_tool_calls
 
 if TYPE_CHECKING:
     import torch

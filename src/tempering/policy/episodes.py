@@ -50,7 +50,7 @@ from tempering.trajectory.schema import (
 )
 
 if TYPE_CHECKING:
-    from tempering.agent.episode import Recorder  # the agent package pulls in sandboxes
+    from tempering.trajectory.schema import Recorder
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tempering.errors import ConfigError, PolicyError, PolicyTimeoutError
 from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
-from tempering.policy.toolcalls import OPEN, parse_tool_calls, render_tool_call
 from tempering.trajectory.schema import ToolCall, new_id
+from tempering.trajectory.toolcalls import OPEN, parse_tool_calls, render_tool_call
 
 if TYPE_CHECKING:
     import httpx

@@ -38,7 +38,7 @@ class ScriptedPolicy:
         action: Action = (self.actions[turn] if turn < len(self.actions)
                           else ("submit", {}))
         if isinstance(action, str):
-            from tempering.policy.toolcalls import parse_tool_calls
+            from tempering.trajectory.toolcalls import parse_tool_calls
 
             parsed = parse_tool_calls(action)
             return Generation(text=action, content=parsed.content, tool_calls=parsed.calls,

@@ -59,7 +59,7 @@ from tempering.policy.openai import ChatRequest, TemperingExtension, completion_
 from tempering.trajectory.schema import new_id
 
 if TYPE_CHECKING:
-    from tempering.agent.episode import Recorder  # the agent package pulls in sandboxes
+    from tempering.trajectory.schema import Recorder
 
 __all__ = ["EndRequest", "OnTrajectory", "PolicyServer", "WeightsRequest"]
 

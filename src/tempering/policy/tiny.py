@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from tempering.errors import ConfigError
-from tempering.policy.toolcalls import render_tool_call
+from tempering.trajectory.toolcalls import render_tool_call
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"

@@ -7,7 +7,8 @@ The executor starts one async ``RolloutWorker`` actor on every alive node offeri
 per worker to the scheduler as its capacity. The scheduler keeps admitting against the total;
 the executor places each admitted job on the worker with the most free room for its demand, so
 sandbox slots are counted per node, not only in aggregate. Inference runs apart, in an
-``InferenceActor`` on a GPU node (``start_inference``), which jobs reach through ``RayPolicy``.
+``InferenceActor`` on a GPU node (``policy/ray.py``: ``start_inference``), which jobs reach
+through ``RayPolicy``.
 
 Membership. A watcher lists the nodes every ``poll_s``: a new node with the resource gets a
 worker and the capacity goes up once the worker answers; a node that left takes its worker
@@ -53,18 +54,16 @@ from tempering.scheduler.executor import CapacityListener
 from tempering.scheduler.job import JobContext, JobSpec, Paused
 from tempering.scheduler.ray_worker import (
     LOST,
-    RayPolicy,
     RolloutWorker,
     WorkerInfo,
     await_ref,
     describe,
     kill,
-    start_inference,
     unwrap,
 )
 from tempering.scheduler.resources import Resources
 
-__all__ = ["RayExecutor", "RayPolicy", "WorkerInfo", "start_inference"]
+__all__ = ["RayExecutor", "WorkerInfo"]
 
 log = logging.getLogger(__name__)
 

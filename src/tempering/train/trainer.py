@@ -165,8 +165,8 @@ class Trainer:
             self.scheduler = await stack.enter_async_context(Scheduler(slots))
         else:
             from tempering.policy.config import LocalPolicyConfig
+            from tempering.policy.ray import start_inference
             from tempering.scheduler.ray import RayExecutor
-            from tempering.scheduler.ray_worker import start_inference
 
             # a fresh local Ray offers this machine as the rollout and the inference node
             executor = RayExecutor(address=cfg.ray_address, slots_per_worker=slots, init_kwargs=(
@@ -565,14 +565,13 @@ def progress_line(m: dict[str, Any], steps: int) -> str:
 
 def load_tasks(config: TrainConfig) -> list[Task]:
     """The config's tasks (``tasks.slow`` applies to the switchboard family)."""
-    from tempering.agent.commands import load_task_specs
-    from tempering.cli import UsageError
+    from tempering.tasks.specs import load_task_specs
 
     slow = config.tasks.slow
     try:
         tasks = load_task_specs(config.tasks.specs, slow=None if slow is None else (
             slow.scale_s, slow.alpha, slow.cap_s))
-    except UsageError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"tasks.specs: {exc}") from None
     if not tasks:
         raise ConfigError("tasks.specs selects no task")

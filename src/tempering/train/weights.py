@@ -11,7 +11,7 @@ weights at their next turn and every token records its version.
   disk); ``update_weights`` *copies* each tensor into the engine's own parameters, so nothing
   aliases the learner's tensors once ``publish`` returns and the learner may train on. It runs
   in a worker thread: the swap waits for the completions in flight, which need the event loop.
-- ``RayPublisher``: a ``LocalEngine`` in a Ray ``InferenceActor`` (``scheduler.ray_worker``),
+- ``RayPublisher``: a ``LocalEngine`` in a Ray ``InferenceActor`` (``policy.ray``),
   reached through its ``RayPolicy``: the state dict, moved to CPU, goes through Ray's object
   store (fine for small models; a large one is published from disk with ``path=``).
 - ``ServePublisher``: ``tempering serve`` over HTTP: ``POST /v1/weights {"path", "version"}``,

@@ -1,9 +1,10 @@
 """Trajectories: every step of every episode, with exact tokens, stored and filtered.
 
-See ``schema.py`` for the data; ``store.py`` for how it is kept (append-only Parquet parts,
-``parquet.py``, with a crash journal, ``journal.py``); ``query.py`` (DuckDB views and stats);
-``filters.py`` and ``export.py`` (SFT JSONL, Hugging Face datasets, ATIF); ``commands.py`` and
-``curation.py`` for ``tempering traj``.
+See ``schema.py`` for the data and the ``Recorder`` an episode journals to; ``toolcalls.py``
+for the tool-call text a completion holds; ``store.py`` for how it is kept (append-only Parquet
+parts, ``parquet.py``, with a crash journal, ``journal.py``); ``query.py`` (DuckDB views and
+stats); ``filters.py`` and ``export.py`` (SFT JSONL, Hugging Face datasets, ATIF);
+``curation.py`` for ``tempering traj`` (``cli/traj.py``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ ATIF_VERSION = "ATIF-v1.4"
 
 def _content(step: Step) -> str:
     """The completion without its tool-call markup (what an OpenAI server puts in content)."""
-    from tempering.policy.toolcalls import parse_tool_calls
+    from tempering.trajectory.toolcalls import parse_tool_calls
 
     return parse_tool_calls(step.text).content
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -220,3 +220,11 @@ class Trajectory(BaseModel):
                                             or [0.0] * len(step.completion_token_ids))
             versions += [-1] * n_prompt + [step.weights_version] * len(step.completion_token_ids)
         return ids, mask, logprobs, versions
+
+
+class Recorder(Protocol):
+    """Where an episode journals its steps (``TrajectoryStore`` is one)."""
+
+    def begin(self, trajectory_id: str, header: EpisodeHeader) -> None: ...
+    def record_step(self, trajectory_id: str, step: Step) -> None: ...
+    def append(self, trajectory: Trajectory) -> None: ...

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tempering.cli import command_group
+from tempering.cli.common import command_group
 from tempering.errors import ConfigError
 
 FORMATS = ("table", "json", "csv")

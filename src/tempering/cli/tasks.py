@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tempering.cli import command_group, positive_float, positive_int
+from tempering.cli.common import command_group, positive_float, positive_int
 from tempering.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,9 +49,9 @@ def _cmd_tasks_validate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from tempering.reward.validate import validate_tasks
     from tempering.tasks import load_task
     from tempering.tasks.humaneval import load_humaneval
-    from tempering.tasks.validate import validate_tasks
 
     def named(spec: Path) -> list[Task]:
         name, _, count = str(spec).partition(":")

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tempering.cli import positive_int
+from tempering.cli.common import positive_int
 from tempering.errors import ConfigError
 
 

@@ -16,7 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tempering.cli import UsageError, positive_int
+from tempering.cli.common import positive_int
+from tempering.tasks.specs import load_task_specs
 
 if TYPE_CHECKING:
     from tempering.tasks.task import Task
@@ -36,50 +37,6 @@ POLICY is `tiny` (the local engine on a tiny model built here), `local:DIR` (a t
 model directory) or `openai:URL` (any OpenAI-compatible server: vLLM, SGLang, `tempering serve`;
 the key is read from $OPENAI_API_KEY).
 """
-
-
-def _count(spec: str, count: str, what: str) -> int | None:
-    """The ``N`` of ``NAME:N`` (None without one); a usage error naming ``spec`` otherwise."""
-    if not count:
-        return None
-    if not count.isdigit() or int(count) < 1:
-        raise UsageError(f"{spec!r}: the count after {spec.partition(':')[0]}: must be a whole "
-                         f"number{what}")
-    return int(count)
-
-
-def load_task_specs(specs: list[str], *, slow: tuple[float, float, float] | None = None,
-                    ) -> list[Task]:
-    """The tasks ``specs`` name (as ``tempering rollout`` takes them); ``slow`` gives the
-    switchboard family heavy-tailed grading time (``tasks.builtin``)."""
-    from tempering.tasks import load_task
-
-    tasks: list[Task] = []
-    for spec in specs:
-        name, _, count = spec.partition(":")
-        if name == "humaneval":
-            from tempering.tasks.humaneval import load_humaneval
-
-            first = _count(spec, count, "")
-            tasks += load_humaneval()[:first]
-        elif name == "switchboard":
-            from tempering.tasks.builtin import switchboard
-
-            tasks += switchboard(layouts=_count(spec, count, " of table layouts") or 4,
-                                 slow=slow)
-        elif name == "repo-bugs":
-            from tempering.tasks.repo_bugs import repo_bugs
-
-            try:
-                tasks += repo_bugs(_count(spec, count, ""))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        elif Path(spec).is_dir():
-            tasks.append(load_task(spec))
-        else:
-            raise UsageError(f"task {spec!r} is neither a task directory, humaneval[:N], "
-                             "switchboard[:LAYOUTS] nor repo-bugs[:N]")
-    return tasks
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:

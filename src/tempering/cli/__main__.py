@@ -1,0 +1,7 @@
+"""``python -m tempering.cli``: the ``tempering`` command."""
+
+import sys
+
+from tempering.cli import main
+
+sys.exit(main())
