@@ -15,6 +15,7 @@ from tempering.policy.scripted import ScriptedPolicy
 from tempering.reward import Grader
 from tempering.scheduler import JobSpec, JobStatus, Resources, Scheduler, SchedulerConfig
 from tempering.tasks import load_task
+from tempering.tasks.refs import TaskRef
 from tempering.trajectory.schema import Status
 from tempering.trajectory.store import TrajectoryStore
 
@@ -27,7 +28,7 @@ DEMAND = Resources.of(sandbox=1, inference=1)
 
 
 async def test_a_group_of_episodes_keeps_the_first_n(tmp_path: Path) -> None:
-    task = load_task(MEDIAN)
+    task = TaskRef.of(load_task(MEDIAN))
     fast, slow = ScriptedPolicy(SOLVE), ScriptedPolicy(SOLVE, delay_s=5.0)
     async with Grader() as grader, Scheduler(Resources.of(sandbox=4, inference=4)) as s:
         with TrajectoryStore(tmp_path / "run") as store:
@@ -46,7 +47,7 @@ async def test_a_group_of_episodes_keeps_the_first_n(tmp_path: Path) -> None:
 
 
 async def test_a_straggling_episode_pauses_keeps_its_sandbox_and_resumes(tmp_path: Path) -> None:
-    task = load_task(MEDIAN)
+    task = TaskRef.of(load_task(MEDIAN))
     slow = ScriptedPolicy(SOLVE, delay_s=0.1)
     config = SchedulerConfig(stragglers="pause", pause_grace_s=5.0)
     async with Grader() as grader, Scheduler(Resources.of(sandbox=2, inference=1),
@@ -74,7 +75,7 @@ async def test_a_straggling_episode_pauses_keeps_its_sandbox_and_resumes(tmp_pat
 
 
 async def test_cancelling_an_episode_frees_its_slot_and_records_it(tmp_path: Path) -> None:
-    task = load_task(MEDIAN)
+    task = TaskRef.of(load_task(MEDIAN))
     async with Grader() as grader, Scheduler(Resources.of(sandbox=1, inference=1)) as s:
         with TrajectoryStore(tmp_path / "run") as store:
             stuck = await s.submit(JobSpec(lambda ctx: episode_job(

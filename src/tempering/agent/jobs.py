@@ -5,10 +5,11 @@ lease notices a hung episode), and when the scheduler asks it to pause it stops 
 boundary and returns ``Paused`` holding the live episode, keeping its sandbox and giving back its
 inference slot; resumed, it carries on from that turn, so the prefix is never redone.
 
-Arguments may be objects (in this process) or references that pickle (on a Ray worker): a task
-directory instead of a ``Task``, a policy configuration instead of a ``Policy``, a run directory
-instead of a store. References are resolved once per process and cached, so a worker builds one
-engine, one grader and one store however many episodes it plays.
+The task comes as a ``TaskRef`` (``tasks/refs.py``: the task itself in this process, its name on
+a Ray worker, which loads it once). The other arguments may be objects (in this process) or
+references that pickle (on a Ray worker): a policy configuration instead of a ``Policy``, a run
+directory instead of a store. References are resolved once per process and cached, so a worker
+builds one engine, one grader and one store however many episodes it plays.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, Scrip
 from tempering.sandbox import Sandbox, open_sandbox
 from tempering.scheduler.job import JobContext, Paused, at_worker_stop
 from tempering.scheduler.resources import Resources
+from tempering.tasks.refs import TaskRef
 from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
 from tempering.trajectory.schema import Recorder, Status, Trajectory
@@ -41,7 +43,7 @@ class PausedEpisode:
     sandbox: Sandbox
 
 
-async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
+async def episode_job(ctx: JobContext, task: TaskRef, policy: PolicyRef, *,
                       config: EpisodeConfig | None = None, grader: Any = None,
                       recorder: Recorder | str | None = None, run_id: str = "",
                       group_id: str = "", sample_index: int = 0,
@@ -51,8 +53,7 @@ async def episode_job(ctx: JobContext, task: Task | str, policy: PolicyRef, *,
     group's prepared sandbox) the episode's sandbox is a fork of it."""
     paused: PausedEpisode | None = ctx.resume
     if paused is None:
-        the_task = task if isinstance(task, Task) else _task(task)
-        episode, sandbox = await _start(the_task, _policy(policy), config, grader,
+        episode, sandbox = await _start(task.task(), _policy(policy), config, grader,
                                         _recorder(recorder), run_id, group_id, sample_index,
                                         root)
         if episode.ending is not None:  # the sandbox did not start: recorded already
@@ -101,33 +102,6 @@ async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grade
     except Exception as exc:  # noqa: BLE001
         episode.ending = Ending.failed(exc, where="sandbox: ")
     return episode, sandbox
-
-
-def _task(ref: str) -> Task:
-    """A task from its directory, or a built-in one from its id (``HumanEval/12``,
-    ``switchboard/echo-0``, ``repo-bugs/ledger-fraction``)."""
-    if ref.startswith("switchboard/"):
-        from tempering.tasks.builtin import switchboard_from_id
-
-        return switchboard_from_id(ref)
-    if ref.startswith("repo-bugs/"):
-        from tempering.tasks.repo_bugs import repo_bug_from_id
-
-        return repo_bug_from_id(ref)
-    if ref.startswith("HumanEval/"):
-        if "humaneval" not in _cache:
-            from tempering.tasks.humaneval import load_humaneval
-
-            _cache["humaneval"] = {t.id: t for t in load_humaneval()}
-        found: Task = _cache["humaneval"][ref]
-        return found
-    from tempering.tasks import load_task
-
-    key = f"task:{Path(ref).resolve()}"
-    if key not in _cache:
-        _cache[key] = load_task(ref)
-    task: Task = _cache[key]
-    return task
 
 
 def _policy(ref: PolicyRef) -> Policy:

@@ -3,9 +3,9 @@
 ``run_rollouts`` submits, for every task, a group of ``samples + oversample`` episode jobs that
 keeps the first ``samples`` to finish (the scheduler cancels the rest), each demanding a
 sandbox slot and an inference slot, in the task's family so durations are learned per family.
-With ``remote=True`` the jobs carry only references that pickle (the task's directory or
-HumanEval id, the policy's configuration, the run directory), so a Ray worker can resolve them
-itself; in process they share the caller's policy, grader and store.
+With ``remote=True`` the jobs carry only references that pickle (the task's ``TaskRef``, the
+policy's configuration, the run directory), so a Ray worker can resolve them itself; in
+process they share the caller's task, policy, grader and store.
 """
 
 from __future__ import annotations
@@ -19,20 +19,12 @@ from tempering.agent.episode import EpisodeConfig
 from tempering.agent.jobs import PolicyRef, episode_job
 from tempering.errors import ConfigError
 from tempering.scheduler import JobResult, JobSpec, JobStatus, Resources, Scheduler
+from tempering.tasks.refs import TaskRef
 from tempering.tasks.setup import PreparedRoot
 from tempering.tasks.task import Task
 from tempering.trajectory.schema import Recorder, Trajectory, new_id
 
 EPISODE_DEMAND = Resources.of(sandbox=1, inference=1)
-
-
-def task_ref(task: Task) -> str:
-    """What a remote worker needs to load ``task``: its directory, or a built-in task's id."""
-    if task.root is not None:
-        return str(task.root.resolve())
-    if task.id.startswith(("HumanEval/", "switchboard/", "repo-bugs/")):
-        return task.id
-    raise ConfigError(f"task {task.id!r} has no directory a remote worker could load")
 
 
 async def run_rollouts(tasks: Sequence[Task], policy: PolicyRef, *, scheduler: Scheduler,
@@ -52,7 +44,10 @@ async def run_rollouts(tasks: Sequence[Task], policy: PolicyRef, *, scheduler: S
 
     async def one_task(task: Task) -> list[Trajectory]:
         group_id = new_id()
-        ref: Task | str = task_ref(task) if remote else task
+        ref = TaskRef.of(task)
+        if remote and ref.name is None:
+            raise ConfigError(f"task {task.id!r} has no directory or built-in id a remote "
+                              "worker could load it by")
         forked = fork_groups and not remote and samples + oversample > 1
         root = PreparedRoot(task) if forked else None
         specs = [JobSpec(partial(episode_job, task=ref, policy=policy, config=config,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tempering.cli.common import positive_int
-from tempering.tasks.specs import load_task_specs
+from tempering.tasks.refs import select
 
 if TYPE_CHECKING:
     from tempering.tasks.task import Task
@@ -47,7 +47,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from tempering.policy.base import SamplingParams
     from tempering.policy.config import parse_policy
 
-    tasks = load_task_specs(args.tasks)
+    tasks = select(args.tasks)
     policy_config = parse_policy(args.policy, model=args.model)
     config = EpisodeConfig(max_turns=args.max_turns, wall_time_s=args.wall_time,
                            sampling=SamplingParams(temperature=args.temperature,

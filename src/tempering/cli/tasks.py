@@ -12,7 +12,6 @@ from tempering.errors import ConfigError
 
 if TYPE_CHECKING:
     from tempering.reward import RewardResult
-    from tempering.tasks import Task
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
@@ -50,27 +49,9 @@ def _cmd_tasks_validate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tempering.reward.validate import validate_tasks
-    from tempering.tasks import load_task
-    from tempering.tasks.humaneval import load_humaneval
+    from tempering.tasks.refs import select
 
-    def named(spec: Path) -> list[Task]:
-        name, _, count = str(spec).partition(":")
-        if name not in ("humaneval", "repo-bugs") or spec.is_dir():
-            return [load_task(spec)]
-        if count and not (count.isdigit() and int(count) > 0):
-            raise ConfigError(f"{str(spec)!r}: the count after {name}: must be a whole "
-                              "number of at least 1")
-        first = int(count) if count else None
-        if name == "humaneval":
-            return load_humaneval()[:first]
-        from tempering.tasks.repo_bugs import repo_bugs
-
-        try:
-            return repo_bugs(first)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-
-    tasks = [t for d in args.dirs for t in named(d)]
+    tasks = select([str(d) for d in args.dirs])
     if not tasks:
         raise ConfigError("give task directories to validate (or `humaneval[:N]`, "
                           "`repo-bugs[:N]`)")

@@ -565,11 +565,11 @@ def progress_line(m: dict[str, Any], steps: int) -> str:
 
 def load_tasks(config: TrainConfig) -> list[Task]:
     """The config's tasks (``tasks.slow`` applies to the switchboard family)."""
-    from tempering.tasks.specs import load_task_specs
+    from tempering.tasks.refs import select
 
     slow = config.tasks.slow
     try:
-        tasks = load_task_specs(config.tasks.specs, slow=None if slow is None else (
+        tasks = select(config.tasks.specs, slow=None if slow is None else (
             slow.scale_s, slow.alpha, slow.cap_s))
     except ConfigError as exc:
         raise ConfigError(f"tasks.specs: {exc}") from None
