@@ -22,7 +22,7 @@ FLOORS = [
     {"trajectory"},         # what an episode leaves: its record, tool calls, storage
     {"scheduler"},          # running jobs, in one process or on Ray
     {"policy"},             # inference
-    {"agent"},              # episodes: a policy acting in a sandbox on a task
+    {"agent", "serve"},     # episodes: played here, or served to an outside agent
     {"train", "demo"},      # the learner and the run that feeds it; the sandbox demo
     {"cli"},                # the command line, on top
 ]

@@ -17,7 +17,7 @@ from charpolicy import CharPolicy, call, ids, render
 from tempering.errors import PolicyError, PolicyTimeoutError
 from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
 from tempering.policy.openai import OpenAIPolicy
-from tempering.policy.serve import PolicyServer
+from tempering.serve.server import PolicyServer
 from tempering.trajectory.schema import Trajectory
 
 HANG = None

@@ -18,7 +18,7 @@ from tempering.errors import ConfigError
 from tempering.policy.base import GenerateRequest, Generation, Message, SamplingParams
 from tempering.policy.openai import OpenAIPolicy
 from tempering.policy.scripted import ScriptedPolicy
-from tempering.policy.serve import PolicyServer
+from tempering.serve.server import PolicyServer
 from tempering.trajectory.schema import Status, Trajectory
 
 TOKEN = "operator-chosen-secret-0123456789"

@@ -194,7 +194,7 @@ async def test_tempering_serve_on_loopback_is_out_of_reach(net_sb: Sandbox) -> N
     # The attack of issue 14: a sandbox with network ended its episode with reward 1 and
     # published weights through the server on the host's loopback.
     from tempering.policy.scripted import ScriptedPolicy
-    from tempering.policy.serve import PolicyServer
+    from tempering.serve.server import PolicyServer
 
     ended: list[object] = []
     async with PolicyServer(ScriptedPolicy(["ok"]), on_trajectory=ended.append) as server:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import time
 from collections import Counter
@@ -85,6 +84,7 @@ async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config:
     from rich.table import Table
 
     from tempering.agent.rollouts import run_rollouts
+    from tempering.policy.base import Policy
     from tempering.policy.config import build_policy
     from tempering.reward import Grader
     from tempering.scheduler import JobResult, Resources, Scheduler, SchedulerConfig
@@ -140,11 +140,8 @@ async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config:
                     live.update(view())
                 return work.result()
     finally:
-        closing = getattr(policy, "aclose", None) or getattr(policy, "close", None)
-        if closing is not None:
-            result = closing()
-            if inspect.isawaitable(result):
-                await result
+        if isinstance(policy, Policy):  # on Ray, a configuration: each worker builds its own
+            await policy.aclose()
 
 
 def add_rollout_command(commands: Any) -> None:

@@ -37,7 +37,7 @@ def _port(text: str) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tempering.policy.config import LocalPolicyConfig, build_policy
-    from tempering.policy.serve import PolicyServer
+    from tempering.serve.server import PolicyServer
 
     if args.model is not None and not args.model.is_dir():
         raise ConfigError(f"--model {args.model}: not a directory; give a model saved with "
@@ -71,6 +71,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             await asyncio.Event().wait()
         finally:
             await server.close()  # open episodes are stored as infra errors, not dropped
+            await policy.aclose()
 
     try:
         asyncio.run(serve())
@@ -79,9 +80,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
-        close = getattr(policy, "close", None)
-        if callable(close):
-            close()
     return 0
 
 

@@ -109,3 +109,19 @@ class Policy(Protocol):
     async def generate(self, request: GenerateRequest) -> Generation:
         """Sample one completion. Raises ``PolicyError`` when the engine fails."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what it holds (an engine's worker and memory, a client's connections),
+        once its owner is done with it; a request after that fails with ``PolicyError``."""
+        ...
+
+
+@runtime_checkable
+class TrainablePolicy(Policy, Protocol):
+    """A policy whose weights a learner replaces while it serves (``LocalEngine``)."""
+
+    def update_weights(self, state: Any, version: int) -> int:
+        """Serve ``state`` (a state dict, or a ``save_pretrained`` directory) as ``version``
+        from the next completion on; blocks until the swap is done (from a coroutine: in a
+        thread). Returns the version now served."""
+        ...

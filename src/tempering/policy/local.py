@@ -204,11 +204,15 @@ class LocalEngine:
         if threading.current_thread() is not self._worker:
             self._worker.join()
 
+    async def aclose(self) -> None:
+        """``close``, from a coroutine."""
+        await asyncio.to_thread(self.close)
+
     async def __aenter__(self) -> LocalEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.close)
+        await self.aclose()
 
     # -- prompts and weights ---------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from tempering.errors import ConfigError, PolicyError
-from tempering.policy.base import GenerateRequest, Generation
+from tempering.policy.base import GenerateRequest, Generation, Policy, TrainablePolicy
 from tempering.scheduler.ray_worker import (
     LOST,
     WorkerInfo,
@@ -37,7 +37,7 @@ class InferenceActor:
     def __init__(self, config: Any) -> None:
         from tempering.policy.config import build_policy
 
-        self.policy = build_policy(config)
+        self.policy: Policy = build_policy(config)
 
     async def ready(self) -> str:
         """The policy's name, once it is built (so a model that fails to load fails here)."""
@@ -51,20 +51,15 @@ class InferenceActor:
 
     async def update_weights(self, state: Any, version: int) -> int:
         """Load new weights (a state dict or a path) as ``version``, between completions."""
-        update = getattr(self.policy, "update_weights", None)
-        if update is None:
+        if not isinstance(self.policy, TrainablePolicy):
             raise PolicyError(f"the policy {self.policy.name!r} cannot load weights (only the "
                               "local engine can, in an inference actor)")
         # off the actor's loop: the swap waits for completions that the loop delivers
-        loaded: int = await asyncio.to_thread(update, state, version)
+        loaded: int = await asyncio.to_thread(self.policy.update_weights, state, version)
         return loaded
 
     async def close(self) -> None:
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await self.policy.aclose()
 
 
 class RayPolicy:
@@ -82,6 +77,10 @@ class RayPolicy:
         """Make the engine serve ``version`` (``InferenceActor.update_weights``)."""
         loaded: int = await self._call("update_weights", state, version)
         return loaded
+
+    async def aclose(self) -> None:
+        """Nothing of this client's to release: the engine is the actor's (``stop`` ends it,
+        for the one that started it)."""
 
     async def _call(self, method: str, *args: Any) -> Any:
         """The actor's ``method``; its own errors re-raised as they were, a lost actor as

@@ -31,6 +31,9 @@ class ScriptedPolicy:
         self.delay_s = delay_s
         """Seconds each turn takes, to stand in for inference time."""
 
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
     async def generate(self, request: GenerateRequest) -> Generation:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -52,10 +52,10 @@ from typing import TYPE_CHECKING, Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from tempering.errors import ConfigError, PolicyError
-from tempering.policy.base import GenerateRequest, Policy
-from tempering.policy.episodes import EndRequest, EpisodeBook, OnTrajectory, ServedEpisode
-from tempering.policy.http import HTTPError, HTTPServer, Request, Response, Router
+from tempering.policy.base import GenerateRequest, Policy, TrainablePolicy
 from tempering.policy.openai import ChatRequest, TemperingExtension, completion_response
+from tempering.serve.episodes import EndRequest, EpisodeBook, OnTrajectory, ServedEpisode
+from tempering.serve.http import HTTPError, HTTPServer, Request, Response, Router
 from tempering.trajectory.schema import new_id
 
 if TYPE_CHECKING:
@@ -304,8 +304,8 @@ class PolicyServer:
 
     async def _weights(self, _: Request) -> Response:
         return Response({"weights_version": self._weights_version(), "policy": self.policy.name,
-                         "updatable": self.allow_weight_updates and callable(
-                             getattr(self.policy, "update_weights", None))})
+                         "updatable": self.allow_weight_updates
+                         and isinstance(self.policy, TrainablePolicy)})
 
     async def _update_weights(self, request: Request) -> Response:
         if not self.allow_weight_updates:
@@ -314,8 +314,7 @@ class PolicyServer:
                             "allow_weight_updates=True (tempering serve "
                             "--allow-weight-updates) on a trusted network")
         body = request.json(WeightsRequest)
-        update = getattr(self.policy, "update_weights", None)
-        if not callable(update):
+        if not isinstance(self.policy, TrainablePolicy):
             raise HTTPError(400, f"the policy {self.policy.name} ({type(self.policy).__name__}) "
                             "cannot load new weights: it has no update_weights; serve a local "
                             "model (LocalEngine) to publish weights to it")
@@ -329,7 +328,7 @@ class PolicyServer:
                 raise HTTPError(409, f"version {body.version} is older than version {current} "
                                 "already served; versions only go forward", param="version")
             try:
-                loaded = await asyncio.to_thread(update, path, body.version)
+                loaded = await asyncio.to_thread(self.policy.update_weights, path, body.version)
             except (PolicyError, OSError, ValueError) as exc:
                 raise HTTPError(400, f"loading weights version {body.version} from {path} "
                                 f"failed: {exc}", param="path") from exc

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tempering.policy.base import Generation, Message, Policy
-from tempering.policy.http import Response
 from tempering.reward.result import RewardResult
+from tempering.serve.http import Response
 from tempering.trajectory.schema import (
     EpisodeHeader,
     FinishReason,
