@@ -5,14 +5,14 @@ so far, when it is finished (an end-of-turn token, a stop string, ``max_tokens``
 ``Generation`` it yields, and delivering that to the caller's event loop.
 
 ``LocalEngine``'s worker thread is the only one that touches these objects once a row is queued;
-nothing here locks. A ``Batch`` keeps row i of its Python state in row i of every tensor and of
-the cache, so each operation below moves all of them together:
+nothing here locks. A ``DecodeBatch`` keeps row i of its Python state in row i of every tensor
+and of the cache, so each operation below moves all of them together:
 
 - ``left_pad`` lays new prompts out right-aligned, so every row's next token is the same column
   and one forward pass prefills them all (positions come from the mask, not the column).
 - ``merge`` joins a newly prefilled batch to the running one by left-padding the shorter cache
   with masked zeros: admission between decode steps costs one prefill of the newcomers only.
-- ``Batch.select`` drops finished or cancelled rows from the cache, then ``trim`` drops the
+- ``DecodeBatch.select`` drops finished or cancelled rows from the cache, then ``trim`` drops the
   leading columns that have become padding for every row left, so a long prompt that finished
   stops costing attention for the rest.
 
@@ -105,7 +105,7 @@ class Row:
 
 
 @dataclass
-class Batch:
+class DecodeBatch:
     """The rows decoding together and their shared KV cache; row i is cache row i."""
 
     rows: list[Row]
@@ -167,7 +167,7 @@ def sample(logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.T
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def merge(running: Batch | None, new: Batch | None) -> Batch | None:
+def merge(running: DecodeBatch | None, new: DecodeBatch | None) -> DecodeBatch | None:
     """One batch from two, the shorter cache left-padded with masked zeros."""
     import torch
     import torch.nn.functional as F
@@ -190,7 +190,7 @@ def merge(running: Batch | None, new: Batch | None) -> Batch | None:
     return running
 
 
-def trim(batch: Batch) -> None:
+def trim(batch: DecodeBatch) -> None:
     """Drop leading cache columns that are padding for every remaining row."""
     start = int(batch.mask.any(0).int().argmax())
     if start > 0:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from tempering.errors import PolicyError
 from tempering.policy.base import GenerateRequest, Generation
-from tempering.policy.batch import Batch, Row, left_pad, merge, sample
+from tempering.policy.batch import DecodeBatch, Row, left_pad, merge, sample
 
 if TYPE_CHECKING:
     import torch
@@ -287,7 +287,7 @@ class LocalEngine:
 
     def _session(self, version: int) -> None:
         """Decode until no row is left and nobody new may be admitted, on one weights version."""
-        batch: Batch | None = None
+        batch: DecodeBatch | None = None
         new: list[Row] = []
         try:
             while True:
@@ -306,18 +306,18 @@ class LocalEngine:
             for row in [*(batch.rows if batch else []), *new]:
                 row.deliver(error)
 
-    def _prefill(self, rows: list[Row], version: int) -> Batch | None:
+    def _prefill(self, rows: list[Row], version: int) -> DecodeBatch | None:
         import torch
         from transformers import DynamicCache
 
         ids, mask = left_pad(rows, self._pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        batch = Batch(rows, DynamicCache(config=self.model.config), mask, mask.sum(-1),
+        batch = DecodeBatch(rows, DynamicCache(config=self.model.config), mask, mask.sum(-1),
                       torch.empty(0))
         return self._step(batch, ids, (mask.cumsum(-1) - 1).clamp(min=0), version, prefills=1,
                           requests=len(rows), prompt_tokens=sum(len(r.prompt) for r in rows))
 
-    def _decode(self, batch: Batch, version: int) -> Batch | None:
+    def _decode(self, batch: DecodeBatch, version: int) -> DecodeBatch | None:
         import torch
 
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=-1)
@@ -325,8 +325,8 @@ class LocalEngine:
         return self._step(batch, batch.last[:, None], batch.next_pos[:, None] - 1, version,
                           decode_steps=1)
 
-    def _step(self, batch: Batch, ids: torch.Tensor, positions: torch.Tensor, version: int,
-              **counts: int) -> Batch | None:
+    def _step(self, batch: DecodeBatch, ids: torch.Tensor, positions: torch.Tensor, version: int,
+              **counts: int) -> DecodeBatch | None:
         """One forward pass and one sampled token per row; finished rows get their result."""
         started, width = time.perf_counter(), len(batch.rows)
         out = self.model(input_ids=ids, attention_mask=batch.mask, position_ids=positions,
@@ -338,7 +338,8 @@ class LocalEngine:
             row.deliver(row.result(version, self._detokenize))
         return after
 
-    def _advance(self, batch: Batch, logits: torch.Tensor) -> tuple[Batch | None, list[Row]]:
+    def _advance(self, batch: DecodeBatch, logits: torch.Tensor
+                 ) -> tuple[DecodeBatch | None, list[Row]]:
         """Sample each row's next token; return the rows still going and those now finished."""
         tokens, logprobs = sample(logits, batch.rows)
         keep, done = [], []

@@ -14,11 +14,11 @@ from __future__ import annotations
 from tempering.scheduler.config import SchedulerConfig
 from tempering.scheduler.estimates import DurationEstimator, Estimate
 from tempering.scheduler.executor import AsyncioExecutor, Executor
+from tempering.scheduler.handles import GroupHandle, JobHandle
 from tempering.scheduler.job import JobContext, JobResult, JobSpec, JobStatus, Paused
 from tempering.scheduler.metrics import SchedulerMetrics
 from tempering.scheduler.resources import Resources
 from tempering.scheduler.scheduler import Scheduler
-from tempering.scheduler.tracking import GroupHandle, JobHandle
 
 __all__ = ["AsyncioExecutor", "DurationEstimator", "Estimate", "Executor", "GroupHandle",
            "JobContext", "JobHandle", "JobResult", "JobSpec", "JobStatus", "Paused", "Resources",

@@ -34,10 +34,10 @@ from tempering.errors import ConfigError, QueueFullError, WorkerLostError
 from tempering.scheduler.config import SchedulerConfig
 from tempering.scheduler.estimates import DurationEstimator
 from tempering.scheduler.executor import AsyncioExecutor, Executor
+from tempering.scheduler.handles import GroupHandle, GroupState, JobHandle, Tracked
 from tempering.scheduler.job import JobContext, JobResult, JobSpec, JobStatus, Paused
 from tempering.scheduler.metrics import Metrics, SchedulerMetrics
 from tempering.scheduler.resources import Resources
-from tempering.scheduler.tracking import GroupHandle, GroupState, JobHandle, Tracked
 
 
 class Scheduler:

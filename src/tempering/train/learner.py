@@ -49,7 +49,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tempering.errors import ConfigError
-from tempering.train.samples import Batch, Sample, collate, group_advantages, pack, samples_from
+from tempering.train.samples import (
+    PaddedBatch,
+    Sample,
+    collate,
+    group_advantages,
+    pack,
+    samples_from,
+)
 from tempering.trajectory.schema import Trajectory
 
 if TYPE_CHECKING:
@@ -406,7 +413,7 @@ class Learner:
                     out[i] = logprobs[row, :len(samples[i].ids)]
         return out
 
-    def _forward(self, model: Any, batch: Batch) -> torch.Tensor:
+    def _forward(self, model: Any, batch: PaddedBatch) -> torch.Tensor:
         """Log-probs (B, T) of the batch's tokens; 0 where the next token is not trained."""
         import torch
 

@@ -198,7 +198,7 @@ def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class Batch:
+class PaddedBatch:
     """Samples as right-padded tensors on one device."""
 
     ids: torch.Tensor  # (B, T) long, padded with 0
@@ -212,8 +212,8 @@ class Batch:
 
 def collate(chosen: Sequence[Sample], device: torch.device,
             prox: Sequence[torch.Tensor] | None = None,
-            ref: Sequence[torch.Tensor] | None = None) -> Batch:
-    """``chosen`` as one ``Batch``; ``prox`` and ``ref`` hold one (T_i,) tensor per sample
+            ref: Sequence[torch.Tensor] | None = None) -> PaddedBatch:
+    """``chosen`` as one ``PaddedBatch``; ``prox`` and ``ref`` hold one (T_i,) tensor per sample
     if given."""
     import torch
 
@@ -228,7 +228,7 @@ def collate(chosen: Sequence[Sample], device: torch.device,
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
         behav[row, :n] = torch.tensor(s.logprobs)
-    return Batch(ids.to(device), attention.to(device), mask.to(device), behav.to(device),
+    return PaddedBatch(ids.to(device), attention.to(device), mask.to(device), behav.to(device),
                  torch.tensor([s.advantage for s in chosen], device=device),
                  _padded(prox, shape, device), _padded(ref, shape, device))
 
