@@ -166,7 +166,7 @@ async def test_the_same_config_trains_on_ray(tmp_path, env) -> None:
     trainer = Trainer(config, tensorboard=False)
     result = await trainer.run()
     assert [m["version"] for m in result] == [1, 2] and not ray.is_initialized()
-    assert trainer.publisher.version == 2  # the actor's engine took every version
+    assert trainer.backend.published == 2  # the actor's engine took every version
     # the workers were stopped, their stores flushed: what the end recovered from journals is
     # only episodes the end of the run cut off, none that finished
     from tempering.trajectory.journal import RECOVERED_ERROR

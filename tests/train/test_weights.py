@@ -28,7 +28,7 @@ from tempering.policy.local import LocalEngine  # noqa: E402
 from tempering.policy.openai import OpenAIPolicy  # noqa: E402
 from tempering.policy.scripted import ScriptedPolicy  # noqa: E402
 from tempering.serve.server import PolicyServer  # noqa: E402
-from tempering.train.weights import (  # noqa: E402
+from tempering.policy.weights import (  # noqa: E402
     EnginePublisher,
     Publishers,
     ServePublisher,

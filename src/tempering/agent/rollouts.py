@@ -5,7 +5,8 @@ keeps the first ``samples`` to finish (the scheduler cancels the rest), each dem
 sandbox slot and an inference slot, in the task's family so durations are learned per family.
 With ``remote=True`` the jobs carry only references that pickle (the task's ``TaskRef``, the
 policy's configuration, the run directory), so a Ray worker can resolve them itself; in
-process they share the caller's task, policy, grader and store.
+process they share the caller's task, policy, grader and store. Callers above the agent
+package go through ``backends.py`` (``rollout_backend``), which knows which it is.
 """
 
 from __future__ import annotations

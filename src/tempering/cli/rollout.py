@@ -83,25 +83,10 @@ async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
-    from tempering.agent.rollouts import run_rollouts
-    from tempering.policy.base import Policy
-    from tempering.policy.config import build_policy
-    from tempering.reward import Grader
-    from tempering.scheduler import JobResult, Resources, Scheduler, SchedulerConfig
+    from tempering.agent.backends import rollout_backend
+    from tempering.scheduler import JobResult, Resources, SchedulerConfig
     from tempering.trajectory.store import TrajectoryStore
 
-    remote = args.executor == "ray"
-    executor: Any = None
-    capacity = Resources.of(sandbox=args.concurrency, inference=args.concurrency)
-    if remote:
-        from tempering.scheduler.ray import RayExecutor
-
-        executor = RayExecutor(address=args.ray_address,
-                               slots_per_worker=Resources.of(sandbox=args.concurrency,
-                                                             inference=args.concurrency))
-        capacity = Resources()  # the cluster's nodes say what there is
-    scheduler = Scheduler(capacity, executor=executor, config=SchedulerConfig(
-        deadlines=args.deadlines))
     total = len(tasks) * (args.samples + args.oversample)
     progress = Progress("[progress.description]{task.description}", BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console)
@@ -116,7 +101,7 @@ async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config:
             f"{k} {v}" for k, v in sorted(counts.items())))
 
     def view() -> Table:
-        m = scheduler.metrics()
+        m = backend.scheduler.metrics()
         grid = Table.grid(padding=(0, 2))
         grid.add_row(progress)
         util = " ".join(f"{k} {v:.0%}" for k, v in sorted(m.utilisation.items()))
@@ -125,23 +110,21 @@ async def _scheduled(args: argparse.Namespace, tasks: list[Task], policy_config:
                      f"p99 {m.run_p99_s:.1f} s  lost {m.lost}[/]")
         return grid
 
-    policy = policy_config if remote else build_policy(policy_config)
-    try:
-        async with scheduler, Grader() as grader:
-            with TrajectoryStore(run_dir) as store, Live(view(), console=console,
-                                                          refresh_per_second=4) as live:
-                work = asyncio.ensure_future(run_rollouts(
-                    tasks, policy, scheduler=scheduler, samples=args.samples,
-                    oversample=args.oversample, config=config, grader=grader,
-                    recorder=str(run_dir) if remote else store, run_id=run_dir.name,
-                    remote=remote, on_result=ended))
+    with TrajectoryStore(run_dir) as store:
+        backend = rollout_backend(
+            args.executor, policy_config, store,
+            slots=Resources.of(sandbox=args.concurrency, inference=args.concurrency),
+            ray_address=args.ray_address,
+            scheduler_config=SchedulerConfig(deadlines=args.deadlines))
+        async with backend:
+            with Live(view(), console=console, refresh_per_second=4) as live:
+                work = asyncio.ensure_future(backend.play(
+                    tasks, samples=args.samples, oversample=args.oversample, config=config,
+                    run_id=run_dir.name, on_result=ended))
                 while not work.done():
                     await asyncio.wait([work], timeout=0.25)
                     live.update(view())
                 return work.result()
-    finally:
-        if isinstance(policy, Policy):  # on Ray, a configuration: each worker builds its own
-            await policy.aclose()
 
 
 def add_rollout_command(commands: Any) -> None:

@@ -15,7 +15,7 @@ server's help, asked for in three layers, each optional:
 The weights version of a completion is the server's word where it gives one (``tempering
 serve``'s ``tempering.weights_version`` or ``X-Weights-Version``, SGLang's
 ``metadata.weight_version``), else ``OpenAIPolicy.weights_version`` as it was when the request
-was sent: a publisher (``train.weights.VLLMPublisher``) sets it once the server serves a new
+was sent: a publisher (``policy.weights.VLLMPublisher``) sets it once the server serves a new
 version, so the stamp is never newer than the weights that sampled the completion.
 
 Servers that reject unknown fields (OpenAI's) need ``send_token_prefix=False,

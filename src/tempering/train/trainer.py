@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tempering.agent.rollouts import run_rollouts
 from tempering.errors import ConfigError, TrainingCollapsed
 from tempering.tasks.task import Task
 from tempering.train import checkpoints
@@ -147,42 +146,24 @@ class Trainer:
         return self.metrics.lines
 
     async def _start_components(self, stack: contextlib.AsyncExitStack, model_dir: Path) -> None:
-        """Engine, grader and scheduler, in process or on Ray; closed by ``stack``."""
-        from tempering.reward import Grader
-        from tempering.scheduler import Resources, Scheduler
-        from tempering.train.weights import EnginePublisher, RayPublisher
+        """Where the episodes run (``agent/backends.py``: this process, or Ray with the
+        engine in an inference actor), serving the model being trained; closed by
+        ``stack``."""
+        from tempering.agent.backends import rollout_backend
+        from tempering.policy.config import LocalPolicyConfig
+        from tempering.scheduler import Resources
 
         cfg = self.config.rollout
-        slots = Resources.of(sandbox=cfg.sandboxes, inference=cfg.inference)
-        if cfg.executor == "asyncio":
-            from tempering.policy.local import LocalEngine
-
-            engine = await stack.enter_async_context(
-                LocalEngine(model_dir, max_batch=cfg.max_batch, device=cfg.device))
-            self.policy: Any = engine
-            self.publisher: Any = EnginePublisher(engine)
-            self.grader: Any = await stack.enter_async_context(Grader())
-            self.scheduler = await stack.enter_async_context(Scheduler(slots))
-        else:
-            from tempering.policy.config import LocalPolicyConfig
-            from tempering.policy.ray import start_inference
-            from tempering.scheduler.ray import RayExecutor
-
-            # a fresh local Ray offers this machine as the rollout and the inference node
-            executor = RayExecutor(address=cfg.ray_address, slots_per_worker=slots, init_kwargs=(
-                {} if cfg.ray_address else {"resources": {"rollout": 1, "inference": 1}}))
-            self.scheduler = await stack.enter_async_context(
-                Scheduler(Resources(), executor=executor))
-            self.policy = await start_inference(LocalPolicyConfig(
-                model=str(model_dir), max_batch=cfg.max_batch, device=cfg.device))
-            stack.push_async_callback(self.policy.stop)
-            self.publisher = RayPublisher(self.policy, version=0)
-            self.grader = None  # each worker grades with its own
+        self.backend = await stack.enter_async_context(rollout_backend(
+            cfg.executor, LocalPolicyConfig(model=str(model_dir), max_batch=cfg.max_batch,
+                                            device=cfg.device), self.store,
+            slots=Resources.of(sandbox=cfg.sandboxes, inference=cfg.inference),
+            ray_address=cfg.ray_address, serve_policy=True))
         if self.learner.version:  # resumed: the engines serve the checkpoint's version
             await self._publish()
 
     async def _publish(self) -> None:
-        await self.publisher.publish(self.learner.version, state=self.learner.state_dict())
+        await self.backend.publish(self.learner.version, self.learner.state_dict())
 
     async def _async_loop(self) -> None:
         producer = asyncio.create_task(self._produce())
@@ -238,13 +219,10 @@ class Trainer:
 
     async def _play_group(self, task: Task, version_started: int) -> None:
         cfg = self.config
-        remote = cfg.rollout.executor == "ray"
         try:
-            group = await run_rollouts(
-                [task], self.policy, scheduler=self.scheduler, samples=cfg.rollout.group_size,
-                oversample=cfg.rollout.oversample, config=cfg.episode, grader=self.grader,
-                recorder=str(self.run_dir.resolve()) if remote else self.store,
-                run_id=cfg.name, remote=remote)
+            group = await self.backend.play([task], samples=cfg.rollout.group_size,
+                                            oversample=cfg.rollout.oversample,
+                                            config=cfg.episode, run_id=cfg.name)
         except asyncio.CancelledError:
             self.buffer.cancel_admission()
             raise
@@ -336,7 +314,7 @@ class Trainer:
         interval = now - self._last_step_at
         self._last_step_at = now
         by_task = self._interval.task_rewards()
-        figures = self._interval.take(self.scheduler.metrics(), interval)
+        figures = self._interval.take(self.backend.scheduler.metrics(), interval)
         by_age = {f"{key}_s{age}": _round(value) for age, row in stats.by_staleness.items()
                   for key, value in row.items() if key not in ("samples", "tokens")}
         buffer = self.buffer.stats()
