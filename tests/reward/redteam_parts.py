@@ -118,3 +118,45 @@ def humaneval_task(task_id: str, isolation: str = "data") -> Task:
     from tempering.tasks.humaneval import load_humaneval
 
     return isolated(next(t for t in load_humaneval() if t.id == task_id), isolation)
+
+
+# An interactive judge's game (tests/reward/test_script_runner.py, test_redteam_round51.py): the
+# judge says the range, answers "?" questions with <, > or =, and takes "!" as the guess.
+BINARY_SEARCH = """import sys
+lo, hi = (int(x) - i for i, x in enumerate(sys.stdin.readline().split()))
+while True:
+    mid = (lo + hi) // 2
+    print("?", mid, flush=True)
+    r = sys.stdin.readline().strip()
+    if r == "=":
+        print("!", mid, flush=True)
+        break
+    lo, hi = (lo, mid - 1) if r == "<" else (mid + 1, hi)
+"""
+# The attack on it: find the judge (its file's name, or its code, on its command line) and read
+# the secret out of its memory; ``found`` is None where that was refused.
+MEMORY_SCAN = r"""found = None
+for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        if b"judge.py" not in cmd and b"SECRET=" not in cmd:
+            continue
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            for line in open(f"/proc/{pid}/maps"):
+                f = line.split()
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if "rw" not in f[1] or hi - lo > 256 << 20:
+                    continue
+                try:
+                    mem.seek(lo)
+                    m = re.search(rb"SECRET=(\d{16});", mem.read(hi - lo))
+                except OSError:
+                    continue
+                if m:
+                    found = int(m.group(1))
+                    break
+    except OSError:
+        continue
+"""
+READS_THE_JUDGES_MEMORY = ("import os, re, sys\nsys.stdin.readline()\n" + MEMORY_SCAN
+                           + 'print("!", found or 1000000000000000, flush=True)\n')

@@ -22,10 +22,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
-from redteam_parts import task_dir
+from redteam_parts import BINARY_SEARCH, MEMORY_SCAN, READS_THE_JUDGES_MEMORY, task_dir
 
 from tempering.reward import Grader, RewardResult
 from tempering.reward.runner import LAUNCHER_FILES, NOT_NESTED, launcher_files, run_module
@@ -72,43 +73,6 @@ def test_the_guess_is_right():
     guess.wait(timeout=30)
     assert judge.wait(timeout=30) == 0
 """
-BINARY_SEARCH = """import sys
-lo, hi = (int(x) - i for i, x in enumerate(sys.stdin.readline().split()))
-while True:
-    mid = (lo + hi) // 2
-    print("?", mid, flush=True)
-    r = sys.stdin.readline().strip()
-    if r == "=":
-        print("!", mid, flush=True)
-        break
-    lo, hi = (lo, mid - 1) if r == "<" else (mid + 1, hi)
-"""
-READS_THE_JUDGES_MEMORY = r"""import os, re, sys
-sys.stdin.readline()
-found = None
-for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
-    try:
-        if b"SECRET" not in open(f"/proc/{pid}/cmdline", "rb").read():
-            continue
-        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-            for line in open(f"/proc/{pid}/maps"):
-                f = line.split()
-                lo, hi = (int(x, 16) for x in f[0].split("-"))
-                if "rw" not in f[1] or hi - lo > 256 << 20:
-                    continue
-                try:
-                    mem.seek(lo)
-                    m = re.search(rb"SECRET=(\d{16});", mem.read(hi - lo))
-                except OSError:
-                    continue
-                if m:
-                    found = int(m.group(1))
-                    break
-    except OSError:
-        continue
-print("!", found or 1000000000000000, flush=True)
-"""
-
 # The tested program runs first; the checker, started by the test after it, prints FAIL unless
 # the program left 42 in /tmp/out.txt.
 CHECK = 'print("OK" if open("/tmp/out.txt").read().strip() == "42" else "FAIL")\n'
@@ -218,9 +182,8 @@ GUESS_FUNCTION = """def guess(lo, hi, ask):
             return mid
         lo, hi = (lo, mid - 1) if r == "<" else (mid + 1, hi)
 """
-GUESS_FROM_MEMORY = ("def guess(lo, hi, ask):\n    import os, re\n" + "\n".join(
-    "    " + line for line in READS_THE_JUDGES_MEMORY.splitlines()[2:-1]) +
-    "\n    return found or lo\n")
+GUESS_FROM_MEMORY = ("def guess(lo, hi, ask):\n    import os, re\n"
+                     + textwrap.indent(MEMORY_SCAN, "    ") + "    return found or lo\n")
 
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])

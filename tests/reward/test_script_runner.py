@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from redteam_parts import BINARY_SEARCH, READS_THE_JUDGES_MEMORY
 
 from backends import GRADING_ROOTFS, unavailable
 from tempering.errors import ConfigError
@@ -895,43 +896,6 @@ python3 -I tests/judge.py /tmp/q /tmp/a > "$VERIFIER_DIR/reward.txt" &
 judge=$!
 timeout 20 python3 guess.py < /tmp/a > /tmp/q
 wait "$judge"
-"""
-BINARY_SEARCH = """import sys
-lo, hi = (int(x) - i for i, x in enumerate(sys.stdin.readline().split()))
-while True:
-    mid = (lo + hi) // 2
-    print("?", mid, flush=True)
-    r = sys.stdin.readline().strip()
-    if r == "=":
-        print("!", mid, flush=True)
-        break
-    lo, hi = (lo, mid - 1) if r == "<" else (mid + 1, hi)
-"""
-READS_THE_JUDGES_MEMORY = r"""import os, re, sys
-sys.stdin.readline()
-found, why = None, []
-for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
-    try:
-        if b"judge.py" not in open(f"/proc/{pid}/cmdline", "rb").read():
-            continue
-        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-            for line in open(f"/proc/{pid}/maps"):
-                f = line.split()
-                lo, hi = (int(x, 16) for x in f[0].split("-"))
-                if "rw" not in f[1] or hi - lo > 256 << 20:
-                    continue
-                try:
-                    mem.seek(lo)
-                    m = re.search(rb"SECRET=(\d{16});", mem.read(hi - lo))
-                except OSError:
-                    continue
-                if m:
-                    found = int(m.group(1))
-                    break
-    except OSError as exc:
-        why.append(f"{pid}: {exc}")
-print("!", found or 1000000000000000, flush=True)
-print("read" if found else f"refused {why}", file=sys.stderr)
 """
 
 

@@ -27,7 +27,6 @@ from tempering.policy.base import GenerateRequest, Message, SamplingParams  # no
 from tempering.policy.local import LocalEngine  # noqa: E402
 from tempering.policy.openai import OpenAIPolicy  # noqa: E402
 from tempering.policy.scripted import ScriptedPolicy  # noqa: E402
-from tempering.serve.server import PolicyServer  # noqa: E402
 from tempering.policy.weights import (  # noqa: E402
     EnginePublisher,
     Publishers,
@@ -36,6 +35,7 @@ from tempering.policy.weights import (  # noqa: E402
     VLLMPublisher,
     WeightPublisher,
 )
+from tempering.serve.server import PolicyServer  # noqa: E402
 
 
 def ask(text: str = "same prompt", **sampling: Any) -> GenerateRequest:

@@ -75,7 +75,31 @@ def rollout_backend(where: Literal["asyncio", "ray"], policy: PolicyConfig,
                  scheduler_config=scheduler_config)
 
 
-class InProcess:
+class _Backend:
+    """What both sides share: the group plays, and the version bookkeeping of ``publish``."""
+
+    scheduler: Scheduler
+    policy: Any  # a Policy; on Ray without an inference actor, its configuration
+    _grader: Any = None  # None: each place grades with a grader of its own
+    _recorder: Any = None  # a Recorder, or the run directory a Ray worker opens
+    _remote = False
+    _publisher: Any = None
+
+    async def play(self, tasks: Sequence[Task], *, samples: int, oversample: int = 0,
+                   config: EpisodeConfig | None = None, run_id: str = "",
+                   on_result: Callable[[JobResult], None] | None = None) -> list[Trajectory]:
+        assert self._recorder is not None, "enter the backend first"
+        return await run_rollouts(tasks, self.policy, scheduler=self.scheduler,
+                                  samples=samples, oversample=oversample, config=config,
+                                  grader=self._grader, recorder=self._recorder, run_id=run_id,
+                                  remote=self._remote, on_result=on_result)
+
+    @property
+    def published(self) -> int | None:
+        return None if self._publisher is None else self._publisher.version
+
+
+class InProcess(_Backend):
     """Scheduler, sandboxes, grader and policy on this event loop."""
 
     def __init__(self, policy: PolicyConfig, store: TrajectoryStore, *, slots: Resources,
@@ -84,8 +108,6 @@ class InProcess:
         self.scheduler = Scheduler(slots, config=scheduler_config)
         self._stack = contextlib.AsyncExitStack()
         self.policy: Policy | None = None
-        self._grader: Any = None
-        self._publisher: Any = None
 
     async def __aenter__(self) -> Self:
         from tempering.policy.config import build_policy
@@ -97,19 +119,12 @@ class InProcess:
             self._grader = await stack.enter_async_context(Grader())
             await stack.enter_async_context(self.scheduler)
             self._stack = stack.pop_all()
+        self._recorder = self.store
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def play(self, tasks: Sequence[Task], *, samples: int, oversample: int = 0,
-                   config: EpisodeConfig | None = None, run_id: str = "",
-                   on_result: Callable[[JobResult], None] | None = None) -> list[Trajectory]:
-        assert self.policy is not None, "enter the backend first"
-        return await run_rollouts(tasks, self.policy, scheduler=self.scheduler,
-                                  samples=samples, oversample=oversample, config=config,
-                                  grader=self._grader, recorder=self.store, run_id=run_id,
-                                  on_result=on_result)
 
     async def publish(self, version: int, state: Any) -> None:
         from tempering.policy.weights import EnginePublisher
@@ -121,12 +136,8 @@ class InProcess:
             self._publisher = EnginePublisher(self.policy)  # type: ignore[arg-type]
         await self._publisher.publish(version, state=state)
 
-    @property
-    def published(self) -> int | None:
-        return None if self._publisher is None else self._publisher.version
 
-
-class OnRay:
+class OnRay(_Backend):
     """The scheduler's jobs on a Ray cluster's rollout workers."""
 
     def __init__(self, policy: PolicyConfig, store: TrajectoryStore, *, slots: Resources,
@@ -140,8 +151,8 @@ class OnRay:
             {} if address else {"resources": {"rollout": 1, "inference": 1}}))
         self.scheduler = Scheduler(Resources(), executor=executor, config=scheduler_config)
         self._stack = contextlib.AsyncExitStack()
-        self.policy: Any = policy  # a RayPolicy once served, else the configuration
-        self._publisher: Any = None
+        self.policy = policy  # a RayPolicy once served, else the configuration
+        self._remote = True
 
     async def __aenter__(self) -> Self:
         async with contextlib.AsyncExitStack() as stack:
@@ -152,18 +163,12 @@ class OnRay:
                 self.policy = await start_inference(self.policy_config)
                 stack.push_async_callback(self.policy.stop)
             self._stack = stack.pop_all()
+        self._recorder = str(self.store.run_dir.resolve())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def play(self, tasks: Sequence[Task], *, samples: int, oversample: int = 0,
-                   config: EpisodeConfig | None = None, run_id: str = "",
-                   on_result: Callable[[JobResult], None] | None = None) -> list[Trajectory]:
-        return await run_rollouts(tasks, self.policy, scheduler=self.scheduler,
-                                  samples=samples, oversample=oversample, config=config,
-                                  recorder=str(self.store.run_dir.resolve()), run_id=run_id,
-                                  remote=True, on_result=on_result)
 
     async def publish(self, version: int, state: Any) -> None:
         from tempering.policy.weights import RayPublisher
@@ -174,7 +179,3 @@ class OnRay:
         if self._publisher is None:
             self._publisher = RayPublisher(self.policy, version=0)
         await self._publisher.publish(version, state=state)
-
-    @property
-    def published(self) -> int | None:
-        return None if self._publisher is None else self._publisher.version
