@@ -11,9 +11,10 @@ them, each 1.0 with wrong work:
 - **A ``.pth`` in the user's site directory.** ``$HOME`` is writable; the tested code planted a
   ``.pth`` that a judge the test started later as ``python3 judge.py`` ran at startup, exiting
   0. The programs the tests start now inherit ``PYTHONNOUSERSITE=1``.
-- **Signals.** A process the tested code left behind stopped a later checker. A program's
-  domain now scopes signals too (Landlock ABI 6): it signals only its own domain and those
-  nested in it.
+- **Signals.** A process the tested code left behind stopped a later checker. Scoping a
+  program's signals to its domain (Landlock ABI 6) was tried and taken back: round fifty-three
+  showed it broke honest tests (a liveness check with ``kill -0``, a cleanup's ``kill`` or
+  ``pkill``, a program signalling its parent), and a signal only takes a reward away.
 
 Declared (docs/rewards.md): a checker's command line is readable by every process
 (``/proc/PID/cmdline``), pytest's ``capfd`` capture is a file every program started without
@@ -118,49 +119,18 @@ sys.stdin.readline()
 print("0", flush=True)
 """
 
-# The first program leaves a process behind that signals the next one; the test passes only
-# if every signal was refused.
-SIGNAL_TEST = r"""import subprocess, sys, time
-
-LEAVES = '''import os, signal, sys, time
-if os.fork():
-    sys.exit(0)
-os.setsid()
-for fd in (0, 1, 2):
-    os.close(fd)
-deadline = time.time() + 10
-while time.time() < deadline:
-    for p in os.listdir("/proc"):
-        try:
-            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
-            if p.isdigit() and b"TARGET" in args:
-                try:
-                    os.kill(int(p), signal.SIGSTOP)
-                    said = "delivered"
-                except PermissionError:
-                    said = "refused"
-                with open("/tmp/signalled", "w") as f:
-                    f.write(said)
-                sys.exit(0)
-        except OSError:
-            pass
-    time.sleep(0.005)
-'''
+# Signals between a test's programs stay open (round fifty-three: scoped, a liveness check, a
+# cleanup's kill and a program signalling its parent each broke): a signal takes a reward
+# away at most, and a checker's own pipe is out of reach either way.
+SIGNAL_TEST = r"""import os, subprocess, sys
 
 
-def test_a_process_left_behind_cannot_signal_a_later_program():
-    subprocess.run([sys.executable, "-c", LEAVES], timeout=30)
-    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)", "TARGET"])
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            said = open("/tmp/signalled").read()
-            break
-        except OSError:
-            time.sleep(0.01)
-    target.kill()
-    target.wait()
-    assert said == "refused"
+def test_a_tests_programs_signal_one_another():
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = subprocess.run([sys.executable, "-c", f"import os; os.kill({server.pid}, 0)"])
+    assert alive.returncode == 0
+    assert os.system(f"kill {server.pid}") == 0
+    assert server.wait(timeout=10) == -15
 """
 
 # A test's own preload reaches the program it starts (a task about an interposition library).
@@ -183,12 +153,6 @@ async def _graded(task: Task, *files: dict[str, str]) -> list[RewardResult]:
     async with Grader() as grader:
         return [await grader.grade_files(task, task.workspace.overlay(
             {path: text.encode() for path, text in f.items()})) for f in files]
-
-
-def _landlock_abi() -> int:
-    import ctypes
-
-    return int(ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))
 
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
@@ -215,9 +179,7 @@ async def test_a_pth_the_tested_code_plants_never_runs_in_a_later_judge(
 
 
 @pytest.mark.parametrize("runner", ["pytest", "plain"])
-async def test_signals_stay_within_a_programs_own_domain(tmp_path: Path, runner: str) -> None:
-    if _landlock_abi() < 6:
-        pytest.skip("Landlock scopes signals from ABI 6 (Linux 6.12)")
+async def test_a_tests_programs_signal_one_another(tmp_path: Path, runner: str) -> None:
     task = task_dir(tmp_path, "signals", {
         "workspace/m.py": "X = 1\n", "solution/m.py": "X = 1\n",
         "tests/test_signals.py": SIGNAL_TEST}, runner=runner)

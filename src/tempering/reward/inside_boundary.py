@@ -518,7 +518,6 @@ def fork_solver(workspace, hide=None, before=None):
 
 NOT_NESTED = 86  # the launcher's exit status without nestguard (runner.NOT_NESTED)
 MAKE_BLOCK = 1 << 11  # LANDLOCK_ACCESS_FS_MAKE_BLOCK
-SCOPE_SIGNAL = 1 << 1  # LANDLOCK_SCOPE_SIGNAL
 
 
 def nested():
@@ -542,10 +541,7 @@ def own_domain():
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(444, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
-    # ABI 6: signals scoped too; the struct's size is what the ABI knows
-    attr = struct.pack("=QQQ", MAKE_BLOCK, 0, SCOPE_SIGNAL) if abi >= 6 else \
-        struct.pack("=Q", MAKE_BLOCK)
+    attr = struct.pack("=Q", MAKE_BLOCK)
     ruleset = libc.syscall(444, attr, len(attr), 0)  # landlock_create_ruleset
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "Landlock: the solver's own domain")

@@ -70,7 +70,7 @@ WATCHED = frozenset({
     "code.__new__", REPORT_EVENT, "tempering.code", "tempering.refcount", "exec",
     "tempering.frame_read", "tempering.create_builtin",
     "function.__new__", "sys.addaudithook", "sys._current_exceptions",
-    "sys.monitoring.register_callback", "sys._getframemodulename",
+    "sys.monitoring.register_callback", "sys._getframemodulename", "os.putenv", "os.unsetenv",
 })
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
                          "f_code"})
@@ -92,6 +92,19 @@ CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 FLAG_READERS = frozenset({object.__hash__(_has_code_flag.__code__)})  # by identity (_addr)
 RESUMABLE = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
+# What in the environment decides which code a program started later loads before its own (or
+# in place of it): the dynamic loader's, the program search path, an interpreter's or a
+# shell's start-up, where a program finds its user's configuration. The tested code, run in
+# the test's process, set LD_PRELOAD to a library it wrote, and the judge the test then
+# started ran it and exited 0 (red team, round fifty-three: 1.0; LD_AUDIT too).
+STARTUP_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_", "GCONV_", "GIT_", "PERL", "RUBY", "NODE_",
+                    "JAVA_", "_JAVA_", "JDK_JAVA_", "XDG_CONFIG_")
+STARTUP_NAMES = frozenset({
+    "PATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "ZDOTDIR", "CDPATH",
+    "GLIBC_TUNABLES", "LOCPATH", "CLASSPATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+    "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONPLATLIBDIR",
+    "PYTHONEXECUTABLE", "PYTHONBREAKPOINT", "PYTHONINSPECT",
+})
 # Standard-library modules that read frames for honest reasons of their own (a logger's caller,
 # a namedtuple's or TypeVar's module, an exception's traceback to format it): a frame event
 # from them is theirs, not passed on; except from their functions that hand the frames to
@@ -1548,6 +1561,14 @@ class Guard:
             if self.by_c(wrapper.f_back, event, called=(called, wrapper.f_code)):
                 self.flag("introspection", f"{called}() of a frame not its own", BY_C)
                 self.local.deny = f"{called}() called by a callable that is no function"
+        elif event in ("os.putenv", "os.unsetenv"):
+            name = _text(args[0]) if type(args[0]) is not bytes else \
+                bytes.decode(args[0], "utf-8", "replace")
+            if name is None or name in STARTUP_NAMES or _startswith(name, STARTUP_PREFIXES):
+                where = self.caller(self.library)
+                if where is not None:
+                    self.flag("environment_changed", f"{event} {name}", where)
+                    self.local.deny = f"{event} of {name} by the tested code"
         elif event in ("os.kill", "os.killpg"):
             if type(args[0]) is int and args[0] in (self.pid, os.getppid(), 0, -1,
                                                     os.getpgid(0)):

@@ -26,6 +26,8 @@ TAMPER: dict[str, str] = {
     "imports_pytest": "the tested code imports pytest or its internals",
     "ctypes": "the tested code loads ctypes or native libraries",
     "kills_test_process": "the tested code signalled the test process",
+    "environment_changed": "the tested code changed what the test process's later programs "
+                           "load at start (LD_PRELOAD, PATH, PYTHONPATH, BASH_ENV, HOME...)",
     "early_exit": "the test process exited with status 0 before its tests finished",
     "tests_skipped": "tests were skipped or xfailed by the tested code",
     "test_count_mismatch": "the number of tests collected differs from the number expected",

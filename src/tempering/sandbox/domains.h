@@ -103,15 +103,15 @@ static inline int grant_siblings(int ruleset, const char *dir, const char *skip,
  * which no file access changes: it handles only making block devices, which no process of a
  * sandbox may do anyway (CAP_MKNOD). What changes is who reaches the process: Landlock lets a
  * process trace another, read or write its memory (/proc/PID/mem) or reopen its descriptors
- * (/proc/PID/fd) only from the same domain or one it is nested in, and (ABI 6, scoped) signal
- * it only so too. So two programs that each entered one are out of each other's reach, and
- * their common ancestors reach both. */
+ * (/proc/PID/fd) only from the same domain or one it is nested in. So two programs that each
+ * entered one are out of each other's reach, and their common ancestors reach both. Signals
+ * are not scoped: a test's programs stop, check and kill one another (`kill -0 PID`, `pkill`
+ * in a cleanup, a program signalling its parent), and a signal only takes a reward away (red
+ * team, round fifty-three: scoped, each of those broke). */
 static inline int enter_own_domain(void) {
-    long abi = landlock_abi();
-    if (abi < 1) return -1;
+    if (landlock_abi() < 1) return -1;
     struct ruleset_attr attr = { .handled_access_fs = LANDLOCK_ACCESS_FS_MAKE_BLOCK };
-    if (abi >= 6) attr.scoped = SCOPE_SIGNAL;
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, ruleset_size(abi), 0);
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(uint64_t), 0);
     return ruleset < 0 ? -1 : enter_domain(ruleset);
 }
 

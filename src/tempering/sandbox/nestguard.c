@@ -3,8 +3,8 @@
  * Landlock domain of its own.
  *
  * A domain decides who reaches a process: another process may trace it, read or write its
- * memory (/proc/PID/mem), reopen its descriptors (/proc/PID/fd/N) or signal it only from the
- * same domain or from one the target's is nested in. Without this library every program a
+ * memory (/proc/PID/mem) or reopen its descriptors (/proc/PID/fd/N) only from the same domain
+ * or from one the target's is nested in (signals stay open: see enter_own_domain). Without this library every program a
  * test starts shares the launcher's domain, so the tested code, run by a test as a program,
  * read the memory of a judge the test started beside it and wrote a later checker's output
  * through its stdout pipe (red team, round fifty-one: 1.0 each, with wrong work). With it,
