@@ -29,14 +29,17 @@ def switching() -> Iterator[None]:
     def nap(phase: str, info: dict) -> None:
         time.sleep(0.0002)
 
-    threshold = gc.get_threshold()
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
     gc.callbacks.append(nap)
     gc.set_threshold(5)
+    gc.enable()  # an earlier test of the session may have left the collector off
     try:
         yield
     finally:
         gc.callbacks.remove(nap)
         gc.set_threshold(*threshold)
+        if not enabled:
+            gc.disable()
 
 
 def _race(first: Callable[[], object], second: Callable[[], object], rounds: int = 6) -> list:
