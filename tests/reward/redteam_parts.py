@@ -133,6 +133,20 @@ while True:
         break
     lo, hi = (lo, mid - 1) if r == "<" else (mid + 1, hi)
 """
+# The judge's side of it, once ``secret`` is drawn and ``out``/``inp`` are wired: ``ok`` says
+# whether the guess was right.
+JUDGE_GAME = r"""out.write("1000000000000000 10000000000000000\n"); out.flush()
+ok = False
+for _ in range(60):
+    parts = inp.readline().split()
+    if len(parts) != 2:
+        break
+    x = int(parts[1])
+    if parts[0] == "!":
+        ok = x == secret
+        break
+    out.write("<\n" if secret < x else ">\n" if secret > x else "=\n"); out.flush()
+"""
 # The attack on it: find the judge (its file's name, or its code, on its command line) and read
 # the secret out of its memory; ``found`` is None where that was refused.
 MEMORY_SCAN = r"""found = None

@@ -26,7 +26,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from redteam_parts import BINARY_SEARCH, MEMORY_SCAN, READS_THE_JUDGES_MEMORY, task_dir
+from redteam_parts import (
+    BINARY_SEARCH,
+    JUDGE_GAME,
+    MEMORY_SCAN,
+    READS_THE_JUDGES_MEMORY,
+    task_dir,
+)
 
 from tempering.reward import Grader, RewardResult
 from tempering.reward.runner import LAUNCHER_FILES, NOT_NESTED, launcher_files, run_module
@@ -42,19 +48,7 @@ if sys.argv[1:] == ["above"]:  # the judge starts the tested code itself
     out, inp = child.stdin, child.stdout
 else:  # beside it: the test wired them together
     out, inp = sys.stdout, sys.stdin
-out.write("1000000000000000 10000000000000000\n"); out.flush()
-ok = False
-for _ in range(60):
-    parts = inp.readline().split()
-    if len(parts) != 2:
-        break
-    x = int(parts[1])
-    if parts[0] == "!":
-        ok = x == secret
-        break
-    out.write("<\n" if secret < x else ">\n" if secret > x else "=\n"); out.flush()
-sys.exit(0 if ok else 1)
-"""
+""" + JUDGE_GAME + "sys.exit(0 if ok else 1)\n"
 JUDGE_TEST = "JUDGE = " + repr(JUDGE) + r"""
 import subprocess, sys
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from redteam_parts import BINARY_SEARCH, READS_THE_JUDGES_MEMORY
+from redteam_parts import BINARY_SEARCH, JUDGE_GAME, READS_THE_JUDGES_MEMORY
 
 from backends import GRADING_ROOTFS, unavailable
 from tempering.errors import ConfigError
@@ -876,19 +876,7 @@ else:  # above it: the tested code is the judge's child
     child = subprocess.Popen([sys.executable, "guess.py"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, bufsize=1)
     out, inp = child.stdin, child.stdout
-out.write("1000000000000000 10000000000000000\n"); out.flush()
-ok = False
-for _ in range(60):
-    parts = inp.readline().split()
-    if len(parts) != 2:
-        break
-    x = int(parts[1])
-    if parts[0] == "!":
-        ok = x == secret
-        break
-    out.write("<\n" if secret < x else ">\n" if secret > x else "=\n"); out.flush()
-print(1 if ok else 0)
-"""
+""" + JUDGE_GAME + "print(1 if ok else 0)\n"
 JUDGE_ABOVE = '#!/bin/bash\npython3 -I tests/judge.py > "$VERIFIER_DIR/reward.txt"\n'
 JUDGE_BESIDE = """#!/bin/bash
 mkfifo /tmp/q /tmp/a
