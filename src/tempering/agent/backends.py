@@ -84,6 +84,7 @@ class _Backend:
     _recorder: Any = None  # a Recorder, or the run directory a Ray worker opens
     _remote = False
     _publisher: Any = None
+    _stack: contextlib.AsyncExitStack[Any]
 
     async def play(self, tasks: Sequence[Task], *, samples: int, oversample: int = 0,
                    config: EpisodeConfig | None = None, run_id: str = "",
@@ -98,6 +99,9 @@ class _Backend:
     def published(self) -> int | None:
         return None if self._publisher is None else self._publisher.version
 
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()  # what __aenter__ started, in reverse
+
 
 class InProcess(_Backend):
     """Scheduler, sandboxes, grader and policy on this event loop."""
@@ -106,7 +110,6 @@ class InProcess(_Backend):
                  scheduler_config: SchedulerConfig | None = None) -> None:
         self.policy_config, self.store = policy, store
         self.scheduler = Scheduler(slots, config=scheduler_config)
-        self._stack = contextlib.AsyncExitStack()
         self.policy: Policy | None = None
 
     async def __aenter__(self) -> Self:
@@ -121,9 +124,6 @@ class InProcess(_Backend):
             self._stack = stack.pop_all()
         self._recorder = self.store
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
 
     async def publish(self, version: int, state: Any) -> None:
@@ -150,7 +150,6 @@ class OnRay(_Backend):
         executor = RayExecutor(address=address, slots_per_worker=slots, init_kwargs=(
             {} if address else {"resources": {"rollout": 1, "inference": 1}}))
         self.scheduler = Scheduler(Resources(), executor=executor, config=scheduler_config)
-        self._stack = contextlib.AsyncExitStack()
         self.policy = policy  # a RayPolicy once served, else the configuration
         self._remote = True
 
@@ -165,9 +164,6 @@ class OnRay(_Backend):
             self._stack = stack.pop_all()
         self._recorder = str(self.store.run_dir.resolve())
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
 
     async def publish(self, version: int, state: Any) -> None:
