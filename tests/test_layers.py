@@ -23,6 +23,7 @@ FLOORS = [
     {"scheduler"},          # running jobs, in one process or on Ray
     {"policy"},             # inference
     {"agent", "serve"},     # episodes: played here, or served to an outside agent
+    {"recipes"},            # what one built-in workload needs for training: the warm-up
     {"train", "demo"},      # the learner and the run that feeds it; the sandbox demo
     {"cli"},                # the command line, on top
 ]

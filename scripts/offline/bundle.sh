@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, "benchmarks")
 from async_vs_sync import config_for  # noqa: E402
 
-from tempering.train.trainer import load_tasks, prepare_model  # noqa: E402
+from tempering.train.run import load_tasks, prepare_model  # noqa: E402
 
 for seed in range(int(sys.argv[1])):
     config = config_for("sync", Path(tempfile.mkdtemp()), 16, f"seed={seed}",

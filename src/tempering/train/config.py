@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tempering.agent.episode import EpisodeConfig
 from tempering.errors import ConfigError
 from tempering.policy.base import SamplingParams
+from tempering.recipes.switchboard import SlowEnvConfig, TinyModelConfig, WarmupConfig
 from tempering.train.learner import LearnerConfig
 
 Mode = Literal["sync", "async"]
@@ -33,52 +34,12 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TinyModelConfig(_Frozen):
-    """The tiny Qwen2 model built locally when ``model.path`` is not set (``policy.tiny``)."""
-
-    hidden_size: int = Field(default=64, ge=16)
-    layers: int = Field(default=2, ge=1)
-    heads: int = Field(default=4, ge=1)
-    seed: int = 0
-
-
-class WarmupConfig(_Frozen):
-    """The supervised tool-format warm-up (``train.warmup``) run before RL on a fresh model.
-    Answers in its transcripts are random, so RL still starts from chance."""
-
-    steps: int = Field(default=200, ge=0)
-    """Optimizer steps at least; 0 skips the warm-up (a model that already calls tools)."""
-    format_min: float | None = Field(default=0.9, gt=0, le=1)
-    """Train on, past ``steps``, until every task's episode is written in the right format
-    with at least this probability at the sampling temperature (the path copied from the
-    instruction included; the answer word excluded); None: ``steps`` steps, unchecked."""
-    max_steps: int = Field(default=1000, ge=1)
-    """The most steps ``format_min`` may take; short of it, the run warns and goes on."""
-    batch: int = Field(default=16, ge=1)
-    lr: float = Field(default=3e-3, gt=0)
-    demos: int = Field(default=256, ge=1)
-    """Distinct synthetic transcripts drawn from."""
-
-
 class ModelConfig(_Frozen):
     path: str | None = None
     """A transformers causal LM directory (with its tokenizer). None: build the tiny model."""
     tiny: TinyModelConfig = TinyModelConfig()
     warmup: WarmupConfig = WarmupConfig()
     """Applies to the tiny model only (a model from ``path`` is trained as it is)."""
-
-
-class SlowEnvConfig(_Frozen):
-    """Heavy-tailed environment time for benchmarks: each switchboard episode's hidden test
-    sleeps ``min(cap_s, scale_s * Pareto(alpha))`` seconds inside its grading sandbox, like a
-    test suite whose run time varies from task to task and from run to run."""
-
-    scale_s: float = Field(default=0.2, gt=0)
-    """The minimum (Pareto scale); the median is ``scale_s * 2 ** (1 / alpha)``."""
-    alpha: float = Field(default=1.2, gt=0)
-    """The tail index: below 2 the variance is infinite, below 1 the mean too."""
-    cap_s: float = Field(default=8.0, gt=0)
-    """No sleep is longer (the grading timeout must exceed it)."""
 
 
 class TasksConfig(_Frozen):

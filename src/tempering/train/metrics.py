@@ -19,11 +19,14 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tempering.scheduler.metrics import SchedulerMetrics
 from tempering.train.report import METRICS_FILE, load_metrics
 from tempering.trajectory.schema import Status, Trajectory
+
+if TYPE_CHECKING:
+    from tempering.train.learner import StepStats
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -151,3 +154,27 @@ def _tb_tag(key: str) -> str:
         if key.startswith(prefix):
             return f"{group}/{key}"
     return f"run/{key}"
+
+
+def learner_figures(stats: StepStats) -> dict[str, float]:
+    """What one learner step reports in its metrics line: the loss and its parts, the
+    importance weights, the KL figures and entropy (those also per staleness, as
+    ``KEY_sAGE``), the learning rate."""
+    by_age = {f"{key}_s{age}": rounded(value) for age, row in stats.by_staleness.items()
+              for key, value in row.items() if key not in ("samples", "tokens")}
+    return {
+        "loss": rounded(stats.loss), "pg_loss": rounded(stats.pg_loss),
+        "kl": rounded(stats.kl), "clip_frac": rounded(stats.clip_frac),
+        "grad_norm": rounded(stats.grad_norm), "is_weight_mean": rounded(stats.is_weight_mean),
+        "is_weight_max": rounded(stats.is_weight_max),
+        "is_truncated_frac": rounded(stats.is_truncated_frac),
+        "approx_kl": rounded(stats.approx_kl), "approx_kl_max": rounded(stats.approx_kl_max),
+        "passes": stats.passes, "ratio_mean": rounded(stats.ratio_mean),
+        "behav_kl": rounded(stats.behav_kl), "entropy": rounded(stats.entropy), **by_age,
+        "lr": rounded(stats.lr),
+    }
+
+
+def rounded(value: float) -> float:
+    """``value`` to 6 places for a metrics line (NaN and infinities as they are)."""
+    return round(value, 6) if math.isfinite(value) else value

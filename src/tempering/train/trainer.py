@@ -1,8 +1,9 @@
 """The training run: rollouts into a staleness-bounded buffer, a learner, versioned weights.
 
-One ``Trainer`` owns one run directory and every component of the run: the trajectory store,
-the local inference engine, the grader, the scheduler (asyncio or Ray), the replay buffer and
-the learner. ``sync`` and ``async`` modes share all of it and differ only in the loop:
+One ``Trainer`` drives one run: ``run.py`` builds its parts (or resumes them from the run
+directory: the learner, the replay buffer, the trajectory store, the metrics) and the rollout
+backend where its episodes run (this process or Ray, ``agent/backends.py``); the trainer takes
+them and runs the loop. ``sync`` and ``async`` modes share all of it and differ only in the loop:
 
 - ``async`` (AReaL-style): a producer starts rollout groups whenever the buffer's admission
   control allows (never more than ``max_staleness`` versions ahead of the learner); the learner
@@ -37,16 +38,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tempering.errors import ConfigError, TrainingCollapsed
+from tempering.errors import TrainingCollapsed
 from tempering.tasks.task import Task
 from tempering.train import checkpoints
 from tempering.train.batches import Batch
-from tempering.train.buffer import ReplayBuffer, group_pipeline
-from tempering.train.collapse import Collapse, CollapseDetector
-from tempering.train.config import TrainConfig, dump_config, validate_config
-from tempering.train.learner import Learner, Snapshot, StepStats
-from tempering.train.metrics import Interval, MetricsLog
-from tempering.train.report import COLLAPSES_FILE, CONFIG_FILE
+from tempering.train.collapse import Collapse
+from tempering.train.config import TrainConfig
+from tempering.train.learner import Snapshot, StepStats
+from tempering.train.metrics import Interval, learner_figures, rounded
+from tempering.train.report import COLLAPSES_FILE
+from tempering.train.run import open_run
 from tempering.train.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -81,28 +82,14 @@ class Trainer:
     async def run(self) -> list[dict[str, Any]]:
         """Train to ``config.steps`` (resuming the run if it has a checkpoint); returns the
         metrics of every step."""
-        from tempering.trajectory.store import TrajectoryStore
-
         cfg = self.config
-        self._prepare_run_dir()
-        self.tasks = load_tasks(cfg)
-        model_dir = (await asyncio.to_thread(prepare_model, cfg, self.tasks, self.say)
-                     ).absolute()
-        self.learner = await asyncio.to_thread(Learner, model_dir, cfg.learner)
-        self.buffer = ReplayBuffer(batch_groups=cfg.rollout.batch_groups,
-                                   max_staleness=cfg.max_staleness,
-                                   filters=group_pipeline(cfg.learner.format_penalty > 0))
-        self.store = TrajectoryStore(self.run_dir)  # recovers what a killed run left
-        self.group_log = checkpoints.GroupLog(self.run_dir)
-        state = await asyncio.to_thread(self._resume)
-        self.metrics = MetricsLog(self.run_dir, resume_after=state.step if state else 0,
-                                  tensorboard=self.tensorboard)
+        run = await open_run(cfg, self.say, tensorboard=self.tensorboard)
+        self.tasks, self.learner, self.buffer = run.tasks, run.learner, run.buffer
+        self.store, self.group_log, self.metrics = run.store, run.group_log, run.metrics
+        self.detector, state = run.detector, run.state
         self.step = state.step if state else 0
-        self.detector = CollapseDetector(cfg.collapse, best=state.best_reward if state else None,
-                                         entropy_base=state.entropy_base if state else None,
-                                         reward_base=state.reward_base if state else None,
-                                         good=state.good_reward if state else None)
         if state is not None:
+            self._tasks_drawn = state.tasks_drawn  # the task sequence goes on where it was
             self.rollbacks, self._good_step = state.rollbacks, state.good_step
             self._good_version = state.good_version
             self.learner.lr_scale = state.lr_scale
@@ -112,9 +99,12 @@ class Trainer:
         self._idle_s = state.idle_s if state else 0.0
         self._busy_from: float | None = state.busy_from_s if state and state.step else None
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                await self._start_components(stack, model_dir)
-                self._restore_groups(state)
+            async with run.backend() as self.backend:
+                if self.learner.version:  # resumed: the engines serve the checkpoint's version
+                    await self._publish()
+                restored = run.restore_groups()
+                if restored:
+                    self.say(f"handed {restored} acknowledged groups back to the buffer")
                 if cfg.on_collapse == "rollback" and self._good_step is None:
                     await self._save_good()  # the starting model: the first good point
                 self._started = time.monotonic()
@@ -144,23 +134,6 @@ class Trainer:
                          "journals (episodes cut off by the end of the run)")
             self.store.close()
         return self.metrics.lines
-
-    async def _start_components(self, stack: contextlib.AsyncExitStack, model_dir: Path) -> None:
-        """Where the episodes run (``agent/backends.py``: this process, or Ray with the
-        engine in an inference actor), serving the model being trained; closed by
-        ``stack``."""
-        from tempering.agent.backends import rollout_backend
-        from tempering.policy.config import LocalPolicyConfig
-        from tempering.scheduler import Resources
-
-        cfg = self.config.rollout
-        self.backend = await stack.enter_async_context(rollout_backend(
-            cfg.executor, LocalPolicyConfig(model=str(model_dir), max_batch=cfg.max_batch,
-                                            device=cfg.device), self.store,
-            slots=Resources.of(sandbox=cfg.sandboxes, inference=cfg.inference),
-            ray_address=cfg.ray_address, serve_policy=True))
-        if self.learner.version:  # resumed: the engines serve the checkpoint's version
-            await self._publish()
 
     async def _publish(self) -> None:
         await self.backend.publish(self.learner.version, self.learner.state_dict())
@@ -315,34 +288,24 @@ class Trainer:
         self._last_step_at = now
         by_task = self._interval.task_rewards()
         figures = self._interval.take(self.backend.scheduler.metrics(), interval)
-        by_age = {f"{key}_s{age}": _round(value) for age, row in stats.by_staleness.items()
-                  for key, value in row.items() if key not in ("samples", "tokens")}
         buffer = self.buffer.stats()
         busy_span = self._wall() - (self._busy_from or 0.0)
         return {
             "step": self.step, "version": stats.version, "mode": self.config.mode,
             "wall_s": round(self._wall(), 3),
-            **{k: _round(v) for k, v in figures.items()},
-            "trained_reward_mean": _round(sum(t.reward_value or 0.0 for t in batch.trajectories)
+            **{k: rounded(v) for k, v in figures.items()},
+            "trained_reward_mean": rounded(sum(t.reward_value or 0.0 for t in batch.trajectories)
                                           / max(1, batch.samples)),
             "samples": batch.samples, "groups": len(batch.groups), "tokens": stats.tokens,
-            "staleness_mean": _round(batch.staleness_mean),
+            "staleness_mean": rounded(batch.staleness_mean),
             "staleness_max": batch.staleness_max,
             "max_staleness": self.config.max_staleness,
-            "learner_s": _round(stats.seconds), "wait_s": _round(waited),
-            "learner_idle_frac": _round(waited / interval if interval > 0 else 0.0),
-            "learner_idle_frac_total": _round(self._idle_s / busy_span if busy_span > 0
+            "learner_s": rounded(stats.seconds), "wait_s": rounded(waited),
+            "learner_idle_frac": rounded(waited / interval if interval > 0 else 0.0),
+            "learner_idle_frac_total": rounded(self._idle_s / busy_span if busy_span > 0
                                               else 0.0),
-            "samples_per_s": _round(batch.samples / interval if interval > 0 else 0.0),
-            "loss": _round(stats.loss), "pg_loss": _round(stats.pg_loss),
-            "kl": _round(stats.kl), "clip_frac": _round(stats.clip_frac),
-            "grad_norm": _round(stats.grad_norm), "is_weight_mean": _round(stats.is_weight_mean),
-            "is_weight_max": _round(stats.is_weight_max),
-            "is_truncated_frac": _round(stats.is_truncated_frac),
-            "approx_kl": _round(stats.approx_kl), "approx_kl_max": _round(stats.approx_kl_max),
-            "passes": stats.passes, "ratio_mean": _round(stats.ratio_mean),
-            "behav_kl": _round(stats.behav_kl), "entropy": _round(stats.entropy), **by_age,
-            "lr": _round(stats.lr),
+            "samples_per_s": rounded(batch.samples / interval if interval > 0 else 0.0),
+            **learner_figures(stats),
             "reward_by_task": by_task,
             "buffered_groups": buffer.buffered_groups, "dropped_stale": buffer.dropped["stale"],
             "dropped_filtered": buffer.dropped["filtered"], "rollout_errors": self._errors,
@@ -453,55 +416,6 @@ class Trainer:
         with open(self.run_dir / COLLAPSES_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 
-    def _resume(self) -> checkpoints.RunState | None:
-        found = checkpoints.latest(self.run_dir)
-        state = None
-        if found is not None:
-            state = checkpoints.read_state(found)
-            self.learner.load(found / checkpoints.MODEL_DIR)
-            self.buffer.load_state_dict(state.buffer)
-            self._tasks_drawn = state.tasks_drawn  # the task sequence goes on where it was
-        # a version the killed run published after its last checkpoint (or before its first)
-        # must not come again
-        newest = _newest_version(self.run_dir)
-        if newest is not None and newest > self.learner.version:
-            self.learner.version = newest
-        self.buffer.set_version(self.learner.version)
-        if state is not None or newest is not None:
-            self.say(f"resuming run {self.config.name} at step {state.step if state else 0}, "
-                     f"next version {self.learner.version + 1}")
-        return state
-
-    def _restore_groups(self, state: checkpoints.RunState | None) -> None:
-        """Hand back every group acknowledged after the checkpoint (see checkpoints.py)."""
-        entries = self.group_log.take_after(state.groups_logged if state else 0)
-        if not entries:
-            return
-        wanted = sorted({tid for e in entries for tid in e["trajectories"]})
-        ids = ", ".join("'" + tid.replace("'", "''") + "'" for tid in wanted)
-        found = {t.trajectory_id: t for t in self.store.read(where=f"trajectory_id IN ({ids})")}
-        restored = 0
-        for entry in entries:
-            group = [found[tid] for tid in entry["trajectories"] if tid in found]
-            if group:
-                self.buffer.restore(group, version_started=entry["version_started"])
-                restored += 1
-        self.say(f"handed {restored} acknowledged groups back to the buffer")
-
-    def _prepare_run_dir(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / CONFIG_FILE
-        text = dump_config(self.config)
-        if path.exists():
-            import yaml
-
-            before = validate_config(yaml.safe_load(path.read_text()), where=str(path))
-            if before.model_copy(update={"steps": self.config.steps}) != self.config:
-                raise ConfigError(f"run {self.run_dir} was started with another config "
-                                  f"({path}); resume it with the same config (only `steps` may "
-                                  "change), choose another --name, or --restart it")
-        path.write_text(text)
-
 
 async def _first(getter: Any, producer: asyncio.Task[None],
                  stall: asyncio.Future[Collapse]) -> Batch | None:
@@ -521,50 +435,9 @@ async def _first(getter: Any, producer: asyncio.Task[None],
     return None
 
 
-def _newest_version(run_dir: Path) -> int | None:
-    from tempering.trajectory.query import query
-
-    _, rows = query(run_dir, "SELECT max(weights_version) FROM steps")
-    value = rows[0][0] if rows else None
-    return int(value) if value is not None else None
-
-
-def _round(value: float) -> float:
-    return round(value, 6) if math.isfinite(value) else value
-
-
 def progress_line(m: dict[str, Any], steps: int) -> str:
     return (f"step {m['step']:>4}/{steps}  v{m['version']:<4} reward {m['reward_mean']:.2f}  "
             f"ok {m['ok_frac']:.0%}  staleness {m['staleness_mean']:.2f} (max "
             f"{m['staleness_max']} <= {m['max_staleness']})  learner idle "
             f"{m['learner_idle_frac']:.0%}  {m['samples_per_s']:.1f} samples/s  "
             f"{m['wall_s']:.0f}s")
-
-
-def load_tasks(config: TrainConfig) -> list[Task]:
-    """The config's tasks (``tasks.slow`` applies to the switchboard family)."""
-    from tempering.tasks.refs import select
-
-    slow = config.tasks.slow
-    try:
-        tasks = select(config.tasks.specs, slow=None if slow is None else (
-            slow.scale_s, slow.alpha, slow.cap_s))
-    except ConfigError as exc:
-        raise ConfigError(f"tasks.specs: {exc}") from None
-    if not tasks:
-        raise ConfigError("tasks.specs selects no task")
-    return tasks
-
-
-def prepare_model(config: TrainConfig, tasks: list[Task], say: Callable[[str], None]) -> Path:
-    """The model RL starts from: ``model.path``, or the tiny model built and warmed up (cached
-    under ``$TEMPERING_CACHE`` by everything that shapes it, so a second run reuses it)."""
-    if config.model.path is not None:
-        path = Path(config.model.path)
-        if not path.is_dir():
-            raise ConfigError(f"model.path {path}: no such directory (a save_pretrained "
-                              "directory; nothing is downloaded)")
-        return path
-    from tempering.train.warmup import prepare_tiny
-
-    return prepare_tiny(config, tasks, say)

@@ -26,46 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tempering.errors import ConfigError
-from tempering.tasks.builtin import CODEBOOK, answer_path, sign_of
+from tempering.recipes.switchboard import WORDS, switchboard_transcript
 from tempering.tasks.task import Task
 
 if TYPE_CHECKING:
-    from tempering.train.config import TrainConfig
+    from tempering.agent.episode import EpisodeConfig
+    from tempering.recipes.switchboard import TinyModelConfig, WarmupConfig
 
 WARMUP_FILE = "tempering-warmup.json"
 """Written into a warmed-up model's directory: the settings, the steps taken and the format
 probability of every task at the end (``format_probabilities``)."""
-
-
-def switchboard_transcript(task: Task, word: str, *, system_prompt: str,
-                           tools: Sequence[str] = ("read_file", "write_file", "submit"),
-                           ) -> list[dict[str, Any]]:
-    """One episode of ``task`` answered with ``word``, as chat messages: the file read and the
-    answer written with ``read_file``/``write_file`` when ``tools`` offers them, else with
-    ``bash`` (``cat``, ``echo``); the observations are what those tools show."""
-    def call(i: int, name: str, args: dict[str, str]) -> dict[str, Any]:
-        return {"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(args)}}]}
-
-    def seen(i: int, text: str) -> dict[str, Any]:
-        return {"role": "tool", "content": text, "tool_call_id": f"call_{i}"}
-
-    table = task.workspace["codes.txt"].decode()
-    path = answer_path(sign_of(task))
-    if {"read_file", "write_file"} <= set(tools):
-        steps = [(call(0, "read_file", {"path": "codes.txt"}), seen(0, table)),
-                 (call(1, "write_file", {"path": path, "content": word}),
-                  seen(1, f"wrote {len(word)} characters to {path}"))]
-    elif "bash" in tools:
-        steps = [(call(0, "bash", {"command": "cat codes.txt"}), seen(0, table)),
-                 (call(1, "bash", {"command": f"echo {word} > {path}"}), seen(1, "(no output)"))]
-    else:
-        raise ConfigError(f"tools {list(tools)}: the warm-up needs read_file and write_file, "
-                          "or bash, to read codes.txt and write the answer")
-    return [{"role": "system", "content": system_prompt},
-            {"role": "user", "content": task.instruction},
-            *(m for pair in steps for m in pair), call(2, "submit", {})]
 
 
 def tokenize(tokenizer: Any, messages: list[dict[str, Any]],
@@ -183,7 +153,7 @@ def warm_up(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
 
 def _balanced(tasks: Sequence[Task], demos: int, rng: random.Random) -> list[tuple[Task, str]]:
     """``demos`` (task, word) pairs taking every pair in turn, each round in a new order."""
-    pairs = [(task, word) for task in tasks for word in sorted(CODEBOOK.values())]
+    pairs = [(task, word) for task in tasks for word in WORDS]
     out: list[tuple[Task, str]] = []
     while len(out) < demos:
         rng.shuffle(pairs)
@@ -202,7 +172,7 @@ def format_probabilities(model: Any, tokenizer: Any, tasks: Sequence[Task], *,
     those that differ between the transcript answered with two different words."""
     import torch
 
-    first, second = sorted(CODEBOOK.values())[:2]
+    first, second = WORDS[:2]
     was_training = model.training
     device = next(model.parameters()).device
     model.eval()
@@ -228,35 +198,34 @@ def format_probabilities(model: Any, tokenizer: Any, tasks: Sequence[Task], *,
     return out
 
 
-def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str], None]
-                 ) -> Path:
-    """The tiny model of ``config.model``, built and warmed up on the switchboard tasks among
-    ``tasks`` (the run's, already loaded) with ``config``'s prompt and tools; cached under
-    ``$TEMPERING_CACHE`` by a hash of all of those, so runs that share them (a benchmark's sync
-    and async runs, a rerun) build it once."""
+def prepare_tiny(tiny: TinyModelConfig, warmup: WarmupConfig, episode: EpisodeConfig,
+                 tasks: Sequence[Task], *, seed: int, device: str,
+                 say: Callable[[str], None]) -> Path:
+    """The tiny model ``tiny`` describes, built and warmed up (``warmup``) on the switchboard
+    tasks among ``tasks`` (a run's, already loaded) with ``episode``'s prompt and tools;
+    cached under ``$TEMPERING_CACHE`` by a hash of all of those, so runs that share them (a
+    benchmark's sync and async runs, a rerun) build it once. ``device``: where it trains."""
     from tempering.agent.tools import tools_named
     from tempering.policy.config import tiny_model_dir
     from tempering.policy.tiny import build_tiny_model
 
-    model = config.model
     cache = tiny_model_dir().parent
-    tiny = model.tiny.model_dump()
-    base = build_tiny_model(cache / f"tiny-{_digest(tiny)}", seed=model.tiny.seed,
-                            hidden_size=model.tiny.hidden_size, layers=model.tiny.layers,
-                            heads=model.tiny.heads)
-    if model.warmup.steps == 0:
+    shape = tiny.model_dump()
+    base = build_tiny_model(cache / f"tiny-{_digest(shape)}", seed=tiny.seed,
+                            hidden_size=tiny.hidden_size, layers=tiny.layers, heads=tiny.heads)
+    if warmup.steps == 0:
         return base
     tasks = [t for t in tasks if t.family == "switchboard"]
     if not tasks:
-        raise ConfigError("model.warmup teaches the tool format on switchboard tasks, and "
-                          f"tasks.specs {config.tasks.specs} has none: add switchboard, set "
+        raise ConfigError("model.warmup teaches the tool format on switchboard tasks, and the "
+                          "run's tasks.specs select none: add switchboard, set "
                           "model.warmup.steps=0, or give model.path")
-    names = config.episode.tools
-    tools = tools_named(names) if config.episode.describe_tools else []
-    temperature = config.episode.sampling.temperature or 1.0  # greedy: checked at 1, stricter
-    key = {"tiny": tiny, "warmup": model.warmup.model_dump(), "tools": names,
-           "system": config.episode.system_prompt, "described": config.episode.describe_tools,
-           "tasks": sorted(t.id.split(":")[0] for t in tasks), "seed": config.seed,
+    names = episode.tools
+    tools = tools_named(names) if episode.describe_tools else []
+    temperature = episode.sampling.temperature or 1.0  # greedy: checked at 1, stricter
+    key = {"tiny": shape, "warmup": warmup.model_dump(), "tools": names,
+           "system": episode.system_prompt, "described": episode.describe_tools,
+           "tasks": sorted(t.id.split(":")[0] for t in tasks), "seed": seed,
            "temperature": temperature}
     out = cache / f"warm-{_digest(key)}"
     cache.mkdir(parents=True, exist_ok=True)
@@ -266,7 +235,7 @@ def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str]
             say(f"tool-format warm-up: reusing {out}")
             _say_format(out, say)
             return out
-        w = model.warmup
+        w = warmup
         until = ("" if w.format_min is None else
                  f", then on until every task is well formed with p >= {w.format_min:g} at "
                  f"temperature {temperature:g} (at most {w.max_steps})")
@@ -279,11 +248,11 @@ def prepare_tiny(config: TrainConfig, tasks: Sequence[Task], say: Callable[[str]
                 say(f"  warm-up step {step + 1}  loss {loss:.3f}  "
                     f"{time.monotonic() - started:.0f}s")
 
-        warm_up(base, out, tasks, system_prompt=config.episode.system_prompt,
-                tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=config.seed,
+        warm_up(base, out, tasks, system_prompt=episode.system_prompt,
+                tools=tools, steps=w.steps, batch=w.batch, lr=w.lr, seed=seed,
                 demos=w.demos, progress=progress,
                 tool_names=[t["function"]["name"] for t in tools_named(names)],
-                device=config.learner.device, temperature=temperature,
+                device=device, temperature=temperature,
                 format_min=w.format_min, max_steps=w.max_steps)
         _say_format(out, say)
         return out

@@ -15,16 +15,16 @@ import pytest
 from tempering.agent import EpisodeConfig, run_episode
 from tempering.agent.tools import tools_named
 from tempering.policy.base import SamplingParams
-from tempering.reward import Grader
-from tempering.tasks.builtin import CODEBOOK, switchboard
-from tempering.train.warmup import (
+from tempering.recipes.switchboard import switchboard_transcript
+from tempering.recipes.warmup import (
     WARMUP_FILE,
     _balanced,
     format_probabilities,
-    switchboard_transcript,
     tokenize,
     warm_up,
 )
+from tempering.reward import Grader
+from tempering.tasks.builtin import CODEBOOK, switchboard
 
 SYSTEM = "You act in a sandbox with tools. Call submit when done."
 TOOLS = ["read_file", "write_file", "submit"]
