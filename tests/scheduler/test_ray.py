@@ -108,7 +108,7 @@ async def count_steps_resumable(ctx: JobContext, *, steps: int) -> Any:
 
 
 async def median_episode(ctx: JobContext) -> Any:
-    from tempering.agent.rollout import run_episode
+    from tempering.agent.play import run_episode
     from tempering.policy.scripted import ScriptedPolicy
     from tempering.tasks import load_task
 

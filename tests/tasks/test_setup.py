@@ -119,7 +119,7 @@ async def test_a_group_forks_one_prepared_sandbox(tmp_path: Path) -> None:
 
 
 async def test_rollouts_of_a_group_start_from_forks(tmp_path: Path) -> None:
-    from tempering.agent.rollouts import run_rollouts
+    from tempering.agent.groups import run_rollouts
     from tempering.policy.scripted import ScriptedPolicy
     from tempering.scheduler import Resources, Scheduler
 

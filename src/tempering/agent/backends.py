@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, Self
 
 from tempering.agent.episode import EpisodeConfig
-from tempering.agent.rollouts import run_rollouts
+from tempering.agent.groups import run_rollouts
 from tempering.errors import PolicyError
 from tempering.policy.base import Policy, TrainablePolicy
 from tempering.policy.config import PolicyConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tempering.agent.episode import Ending, Episode, EpisodeConfig
-from tempering.agent.rollout import quietly
+from tempering.agent.play import quietly, start_episode
 from tempering.policy.base import Policy
 from tempering.policy.config import LocalPolicyConfig, OpenAIPolicyConfig, ScriptedPolicyConfig
 from tempering.sandbox import Sandbox, open_sandbox
@@ -28,7 +28,6 @@ from tempering.scheduler.job import JobContext, Paused, at_worker_stop
 from tempering.scheduler.resources import Resources
 from tempering.tasks.refs import TaskRef
 from tempering.tasks.setup import PreparedRoot
-from tempering.tasks.task import Task
 from tempering.trajectory.schema import Recorder, Status, Trajectory
 
 PolicyRef = Policy | ScriptedPolicyConfig | LocalPolicyConfig | OpenAIPolicyConfig
@@ -53,11 +52,13 @@ async def episode_job(ctx: JobContext, task: TaskRef, policy: PolicyRef, *,
     group's prepared sandbox) the episode's sandbox is a fork of it."""
     paused: PausedEpisode | None = ctx.resume
     if paused is None:
-        episode, sandbox = await _start(task.task(), _policy(policy), config, grader,
-                                        _recorder(recorder), run_id, group_id, sample_index,
-                                        root)
-        if episode.ending is not None:  # the sandbox did not start: recorded already
-            return await episode.finish()
+        the_task = task.task()
+        episode, sandbox = await start_episode(
+            the_task, _policy(policy),
+            root.sandbox() if root is not None else open_sandbox(the_task.sandbox),
+            prepared=root is not None, config=config, grader=grader,
+            recorder=_recorder(recorder), run_id=run_id, group_id=group_id,
+            sample_index=sample_index)  # one that did not start has its ending: finished below
     else:
         episode, sandbox = paused.episode, paused.sandbox
     try:
@@ -79,29 +80,6 @@ async def episode_job(ctx: JobContext, task: TaskRef, policy: PolicyRef, *,
         if sandbox is not None:
             await quietly(episode.close())  # the trajectory is recorded already
             await quietly(sandbox.close())
-
-
-async def _start(task: Task, policy: Policy, config: EpisodeConfig | None, grader: Any,
-                 recorder: Recorder | None, run_id: str, group_id: str,
-                 sample_index: int, root: PreparedRoot | None = None
-                 ) -> tuple[Episode, Sandbox | None]:
-    try:
-        sandbox = await (root.sandbox() if root is not None else open_sandbox(task.sandbox))
-    except Exception as exc:  # noqa: BLE001 - becomes an infra_error trajectory
-        episode = Episode(task, policy, None, config=config, grader=grader, recorder=recorder,
-                          run_id=run_id, group_id=group_id, sample_index=sample_index)
-        episode.begin()
-        episode.ending = Ending.failed(exc, where="sandbox: ")
-        return episode, None
-    episode = Episode(task, policy, sandbox, config=config, grader=grader, recorder=recorder,
-                      run_id=run_id, group_id=group_id, sample_index=sample_index)
-    episode.begin()
-    try:
-        if root is None:  # a fork of the root is prepared already
-            await task.prepare(sandbox)
-    except Exception as exc:  # noqa: BLE001
-        episode.ending = Ending.failed(exc, where="sandbox: ")
-    return episode, sandbox
 
 
 def _policy(ref: PolicyRef) -> Policy:

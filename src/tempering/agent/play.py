@@ -1,8 +1,9 @@
-"""Running episodes: one from start to grade, or a prefix branched into N siblings.
+"""Playing episodes: one from start to grade, or a prefix branched into N siblings.
 
 ``run_episode`` opens the task's sandbox (or takes one), plays, grades, closes, and always
 returns a trajectory: a sandbox that cannot even start gives an ``infra_error`` trajectory, not
-an exception, so no task is ever lost.
+an exception, so no task is ever lost. ``start_episode`` is that start, shared with the
+scheduler's episode jobs (``jobs.py``), which play the same episode a turn at a time.
 
 ``run_branches`` plays a shared prefix of ``at`` turns once, forks the sandbox copy-on-write
 ``n`` times and continues each sibling independently from the same conversation and tokens
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from collections.abc import Awaitable
 from typing import Any
 
 from tempering.agent.episode import Ending, Episode, EpisodeConfig
@@ -35,39 +37,52 @@ async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | Non
     fresh one from ``task.sandbox`` (closed).
     """
     trajectory_id = trajectory_id or new_id()
-    owned: Sandbox | None = None
-    episode: Episode | None = None
+    opening = (_given(sandbox) if sandbox is not None else
+               pool.allocate(trajectory_id, task.sandbox, timeout=None) if pool is not None else
+               open_sandbox(task.sandbox))
+    episode, opened = await start_episode(
+        task, policy, opening, config=config, grader=grader, recorder=recorder, run_id=run_id,
+        group_id=group_id, sample_index=sample_index, trajectory_id=trajectory_id)
     try:
-        try:
-            if sandbox is None:
-                if pool is not None:
-                    sandbox = await pool.allocate(trajectory_id, task.sandbox, timeout=None)
-                else:
-                    sandbox = owned = await open_sandbox(task.sandbox)
-            await task.prepare(sandbox)
-        except Exception as exc:  # noqa: BLE001 - a sandbox that will not start is data too
-            placeholder = Episode(task, policy, None, config=config, grader=grader,
-                                  recorder=recorder, run_id=run_id, group_id=group_id,
-                                  sample_index=sample_index, trajectory_id=trajectory_id)
-            placeholder.begin()
-            return await placeholder.finish(Ending.failed(exc, where="sandbox: "))
-        episode = Episode(task, policy, sandbox, config=config, grader=grader,
-                          recorder=recorder, run_id=run_id, group_id=group_id,
-                          sample_index=sample_index, trajectory_id=trajectory_id)
-        episode.begin()
-        try:
-            await episode.play()
-        except asyncio.CancelledError:
-            await asyncio.shield(episode.finish())
-            raise
+        if episode.ending is None:
+            try:
+                await episode.play()
+            except asyncio.CancelledError:
+                await asyncio.shield(episode.finish())
+                raise
         return await episode.finish()
     finally:
-        if episode is not None:
-            await quietly(episode.close())
-        if pool is not None and sandbox is not None and owned is None:
-            await quietly(pool.release(trajectory_id))
-        if owned is not None:
-            await quietly(owned.close())
+        await quietly(episode.close())
+        if opened is not None and sandbox is None:
+            await quietly(pool.release(trajectory_id) if pool is not None else opened.close())
+
+
+async def start_episode(task: Task, policy: Policy, opening: Awaitable[Sandbox], *,
+                        prepared: bool = False, **episode: Any) -> tuple[Episode, Sandbox | None]:
+    """An ``Episode`` of ``task`` (``episode``: its other arguments), begun in the sandbox that
+    ``opening`` gives, with the task's ``prepare`` run there unless ``prepared`` (a fork of a
+    prepared sandbox). A sandbox that does not open or prepare ends the episode at once as an
+    ``infra_error``, recorded by its ``finish`` like any other: a failure is data. Returns the
+    episode and the sandbox that opened (the caller's to close), if one did."""
+    try:
+        sandbox = await opening
+    except Exception as exc:  # noqa: BLE001 - a sandbox that will not start is data too
+        failed = Episode(task, policy, None, **episode)
+        failed.begin()
+        failed.ending = Ending.failed(exc, where="sandbox: ")
+        return failed, None
+    started = Episode(task, policy, sandbox, **episode)
+    started.begin()
+    if not prepared:
+        try:
+            await task.prepare(sandbox)
+        except Exception as exc:  # noqa: BLE001
+            started.ending = Ending.failed(exc, where="sandbox: ")
+    return started, sandbox
+
+
+async def _given(sandbox: Sandbox) -> Sandbox:
+    return sandbox
 
 
 async def run_branches(task: Task, policy: Policy, *, at: int, n: int,
