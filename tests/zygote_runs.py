@@ -4,8 +4,8 @@ read-only, then the configuration goes and the capped report comes back."""
 
 from __future__ import annotations
 
-from tempering.reward.runner import RunPlan, TestRun
-from tempering.reward.zygote import ZYGOTE_DIR, Zygote
+from tempering.reward.runner import ZYGOTE_DIR, RunPlan, TestRun
+from tempering.sandbox.zygote import Zygote
 
 
 async def run_in_zygote(zygote: Zygote, files: dict[str, str], timeout: float = 10.0

@@ -75,7 +75,7 @@ class Fake:
 
 def median(values):
     Fake.nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
-    plugin_class = sys.modules["inside"].Report  # the launcher
+    plugin_class = sys.modules["inside_launcher"].Report  # the launcher
     plugin_class.pytest_runtest_logreport(plugin_class(), Fake())
     return None
 '''}, None, "forged_report", ("pytest",)),

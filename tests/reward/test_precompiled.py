@@ -44,8 +44,9 @@ async def _grade(task: Task, solution: str, *, host_compiles: bool,
         async with Grader() as grader:
             result = await grader.grade_files(
                 task, task.workspace.overlay({"stats.py": solution.encode()}))
-            zygote = grader._zygotes[grading_spec(task).key()]  # noqa: SLF001
-            assert zygote.magic == _sandbox_magic()  # it said whose bytecode it reads
+            zygote = grader._zygotes.of(grading_spec(task))  # noqa: SLF001
+            assert zygote is not None
+            assert zygote.greeting == _sandbox_magic().hex()  # it said whose bytecode it reads
             return result
 
 

@@ -343,7 +343,7 @@ def _ids():
 
 
 def _take_over():
-    plugin = sys.modules["inside"].Report()  # the launcher
+    plugin = sys.modules["inside_launcher"].Report()  # the launcher
     multicall = sys.modules["pluggy._callers"]._multicall
 
     def hook(name, **kwargs):
@@ -386,7 +386,7 @@ class Anything:
     __hash__ = object.__hash__
 
 
-for _name in ("inside", "__main__"):
+for _name in ("inside_launcher", "__main__"):
     _launcher = sys.modules.get(_name)
     if _launcher is not None and hasattr(_launcher, "_PLAIN"):
         _launcher._PLAIN = (*_launcher._PLAIN, Anything)

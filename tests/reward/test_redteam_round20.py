@@ -6,8 +6,8 @@
   ``approx``, ``raises`` and ``sqrt``: full reward with no flag, in either isolation. Likewise
   ``__builtins__`` exported through ``__all__``: a test function's ``import math`` then went
   through the tested code's ``__import__``. A star import in a hidden test is now the
-  launcher's (``inside.star``): it never rebinds a name the test module already holds, a dunder,
-  or a module.
+  launcher's (``inside_launcher.star``): it never rebinds a name the test module already
+  holds, a dunder, or a module.
 - Equality between two of the tested code's own objects across the process boundary is the
   tested code's answer: a task whose reference solution hands the tests objects is graded in
   one process (``auto`` asks the reference solution), where the probe flags it.

@@ -2,7 +2,7 @@
 
 1. shared: the tested code patched a standard module the tests use as an oracle
    (``statistics.median``), loaded only after the seal and so in no integrity record. Now the
-   launcher imports what the hidden tests import before the seal (``inside.preload``).
+   launcher imports what the hidden tests import before the seal (``inside_launcher.preload``).
 2. every isolation, ``auto`` too: a star import bound a builtin's name (``sorted``, ``abs``),
    which a fixture, module-level code or a test under a decorator of the module's read. Now a
    star import binds only names the module reads and binds nowhere itself, never a builtin's
@@ -14,7 +14,7 @@
 4. shared: the tested code found the hidden module in ``sys.modules`` while it loaded, and
    rebound its ``math``; or read a test's table of expected values there. Now no hidden module
    is in ``sys.modules`` (or a parent's attributes) while one loads or a test runs
-   (``inside.unlist``).
+   (``inside_launcher.unlist``).
 5. shared: comparisons in an ``and``, an ``all(...)`` or a comprehension went to the tested
    code's ``__eq__``/``__contains__`` unprobed. Now every comparison of the hidden code is
    probed (``inside_compile.Compares``).

@@ -1,7 +1,7 @@
 """Red team, round twenty-three, against fc609f5: three ways to full reward in one process,
 and honest work that could not be graded.
 
-1. shared, both runners: the launcher's own list of hidden modules (``inside.HIDDEN``) held
+1. shared, both runners: the launcher's own list of hidden modules (``inside_launcher.HIDDEN``) held
    them, so a test's table or its parametrize marks were read there; under pytest, the
    items (``item.module``, ``item.callspec``) too, from ``_pytest.assertion.util._config``.
    Now the launcher keeps their ids only, and in one process no global of pytest's holds the
@@ -31,7 +31,7 @@ from tempering.reward import Grader
 
 # ---------------------------------------------------------------------------------------------
 # 1. Shared: ``unlist`` takes the hidden modules out of sys.modules, but the launcher keeps
-#    them in its own list, ``inside.HIDDEN``, and the launcher module is in sys.modules.
+#    them in its own list, ``inside_launcher.HIDDEN``, and the launcher module is in sys.modules.
 
 TABLE_TESTS = '''from stats import median
 

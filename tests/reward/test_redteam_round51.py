@@ -246,7 +246,8 @@ def test_a_launcher_without_its_guard_runs_nothing(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(data)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TEMPERING_NEST")}
     done = subprocess.run(["/usr/bin/python3", "-I", "-B", "-c",
-                           run_module(str(tmp_path), "inside"), "plain"], input=b"shared\n",
+                           run_module(str(tmp_path), "inside_launcher"), "plain"],
+                          input=b"shared\n",
                           capture_output=True, env=env, timeout=60)
     assert done.returncode == NOT_NESTED, done.stderr
     assert b"nestguard" in done.stderr and not done.stdout

@@ -323,7 +323,7 @@ def median(values):
 
 async def test_the_launchers_hooks_swapped_in_a_hidden_module_are_seen(task, attempt) -> None:
     """The solution, imported by a hidden test module, swaps the probe's hooks in that
-    module's namespace: no hidden module is in sys.modules to find (``inside.unlist``; had
+    module's namespace: no hidden module is in sys.modules to find (``inside_launcher.unlist``; had
     it been, the launcher would see the swap and put its own hooks back before the guard
     freezes them), so the probe is in place and flags the object that equals anything."""
     result = await attempt(task, {"stats.py": HOOK_SWAP})

@@ -10,8 +10,9 @@ import secrets
 
 from tempering.reward import Grader
 from tempering.reward.grader import grading_spec
-from tempering.reward.zygote import Zygote
+from tempering.reward.runner import zygote_program
 from tempering.sandbox import SandboxSpec
+from tempering.sandbox.zygote import Zygote
 from tempering.tasks.humaneval import load_humaneval
 from zygote_runs import run_in_zygote
 
@@ -49,7 +50,7 @@ def test_probe():
 
 
 async def test_each_grading_is_fresh_unprivileged_and_filtered() -> None:
-    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    zygote = Zygote(grading_spec(load_humaneval()[0]), zygote_program())
     await zygote.start()
     try:
         seen = []
@@ -73,7 +74,7 @@ async def test_each_grading_is_fresh_unprivileged_and_filtered() -> None:
 
 async def test_limits_hold_and_a_timeout_kills_the_grading() -> None:
     spec = SandboxSpec(memory_mb=128, pids=32, disk_mb=16, storage="memory")
-    zygote = Zygote(spec)
+    zygote = Zygote(spec, zygote_program())
     await zygote.start()
     try:
         bomb = "def test_memory():\n    b = bytearray(512 << 20)\n    assert b\n"
@@ -97,7 +98,7 @@ async def test_the_grader_restarts_a_dead_zygote() -> None:
     files = task.workspace.overlay(dict(task.solution.files))  # type: ignore[union-attr]
     async with Grader() as grader:
         assert (await grader.grade_files(task, files)).reward == 1.0
-        for zygote in grader._zygotes.values():  # noqa: SLF001 - the fault being injected
+        for zygote in grader._zygotes.started():  # noqa: SLF001 - the fault being injected
             await zygote.close()
         assert (await grader.grade_files(task, files)).reward == 1.0
 

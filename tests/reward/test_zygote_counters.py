@@ -9,9 +9,10 @@ import asyncio
 import os
 
 from tempering.reward.grader import grading_spec
-from tempering.reward.zygote import Zygote
+from tempering.reward.runner import zygote_program
 from tempering.sandbox import SandboxSpec, open_sandbox
 from tempering.sandbox.uids import uid_range
+from tempering.sandbox.zygote import Zygote
 from tempering.tasks.humaneval import load_humaneval
 from zygote_runs import run_in_zygote
 
@@ -50,7 +51,7 @@ async def _grade(zygote: Zygote, name: str, text: str, timeout: float = 20.0) ->
 
 
 async def test_a_grading_cannot_take_the_zygotes_inotify_instances_from_another() -> None:
-    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    zygote = Zygote(grading_spec(load_humaneval()[0]), zygote_program())
     await zygote.start()
     try:
         hog = asyncio.create_task(_grade(zygote, "hog", HOG.format(hold=3)))
@@ -86,7 +87,7 @@ async def test_a_zygotes_gradings_have_no_ptys_to_take_or_share() -> None:
     """Ptys come out of one machine-wide count, and a devpts shared by a zygote's gradings (one
     uid) would let one open another's terminal: gradings have none, and the host and other
     sandboxes keep theirs."""
-    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    zygote = Zygote(grading_spec(load_humaneval()[0]), zygote_program())
     await zygote.start()
     try:
         held = await _grade(zygote, "ptys", PTYS.format(hold=0))
@@ -101,7 +102,9 @@ async def test_a_zygotes_gradings_have_no_ptys_to_take_or_share() -> None:
 
 async def test_each_zygote_runs_as_a_host_uid_of_its_own() -> None:
     uids = uid_range()
-    first, second = Zygote(grading_spec(load_humaneval()[0])), Zygote(SandboxSpec())
+    program = zygote_program()
+    first = Zygote(grading_spec(load_humaneval()[0]), program)
+    second = Zygote(SandboxSpec(), program)
     await first.start()
     await second.start()
     try:
@@ -134,7 +137,7 @@ def test_ipc():
 async def test_a_gradings_sysv_objects_go_with_its_processes() -> None:
     """As in a sandbox's init (round twenty-nine): each grading's IPC namespace forces a
     segment's removal with its last user and holds few queues and semaphore sets."""
-    zygote = Zygote(grading_spec(load_humaneval()[0]))
+    zygote = Zygote(grading_spec(load_humaneval()[0]), zygote_program())
     await zygote.start()
     try:
         facts = await _grade(zygote, "ipc", IPC)

@@ -78,7 +78,7 @@ def _found(result: RewardResult) -> dict[str, list[str]]:
 
 
 def _forked(grader: Grader) -> bool:
-    return any(z.alive for z in grader._zygotes.values())  # noqa: SLF001 - which path graded
+    return any(z.alive for z in grader._zygotes.started())  # noqa: SLF001 - which path graded
 
 
 async def test_a_grading_can_write_only_its_own_storage_and_finds_nothing_of_earlier_ones(
@@ -162,6 +162,6 @@ async def test_a_flood_on_the_launcher_report_keeps_the_host_bounded() -> None:
     async with Grader(zygote=False) as grader:
         await _grade(grader, FLOOD, "shared")
         grown, result = await _flood_growth(grader)
-        assert not grader._zygotes  # noqa: SLF001 - a launcher sandbox graded it
+        assert not grader._zygotes.started()  # noqa: SLF001 - a launcher sandbox graded it
     assert grown < 6 * (8 << 20), f"host RSS grew {grown >> 20} MiB"
     assert result.log, "the launcher's output was not read"

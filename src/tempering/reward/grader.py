@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Self
 
 from tempering import syntax
-from tempering.errors import SandboxError, SandboxStartError, VerifierError
+from tempering.errors import SandboxError, VerifierError
 from tempering.reward.inside_guard import RAN_HERE
 from tempering.reward.isolation import by_syntax, exchanges_data, ran_here
 from tempering.reward.kept import Kept
@@ -36,6 +36,7 @@ from tempering.reward.result import TAMPER, RewardResult, TestResult, listed_pas
 from tempering.reward.runner import (
     LAUNCHER_DIR,
     SEPARATE,
+    ZYGOTE_DIR,
     Launcher,
     RunPlan,
     TestRun,
@@ -43,14 +44,16 @@ from tempering.reward.runner import (
     hidden_files,
     pytest_args,
     write_launcher,
+    zygote_program,
 )
 from tempering.reward.script import run_script
 from tempering.reward.static import analyse, lint, parse_big, python_sources
 from tempering.reward.tamper import parents, screen, screen_captured, sealed_paths
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
-from tempering.reward.zygote import ZYGOTE_DIR, Zygote
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
+from tempering.sandbox.stock import Stock
+from tempering.sandbox.zygote import Zygotes, preforks
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.setup import prepared
@@ -77,16 +80,12 @@ class Grader:
     def __init__(self, *, warm: int = 0, limits: Limits | None = None,
                  zygote: bool = True) -> None:
         self.warm, self.limits, self.use_zygote = warm, limits or Limits(), zygote
-        self._stock: dict[str, list[Launcher]] = {}  # by SandboxSpec.key()
-        self._starting: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._stock: Stock[Launcher] = Stock(warm)  # by SandboxSpec.key() and runner
         self._expected: dict[str, int] = {}
         self._counting: dict[tuple[int, str], asyncio.Lock] = {}
         self._trying: dict[tuple[int, str], asyncio.Lock] = {}
         self._isolations: dict[str, tuple[str, str]] = {}  # by task digest
-        self._zygotes: dict[str, Zygote] = {}  # by grading SandboxSpec.key()
-        self._zygote_lock = asyncio.Lock()
-        self._closed = False
+        self._zygotes = Zygotes(zygote_program)
 
     async def __aenter__(self) -> Self:
         return self
@@ -96,17 +95,8 @@ class Grader:
         await self.close()
 
     async def close(self) -> None:
-        self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for stock in self._stock.values():
-            for launcher in stock:
-                await launcher.sb.close()
-        self._stock.clear()
-        for zygote in self._zygotes.values():
-            await zygote.close()
-        self._zygotes.clear()
+        await self._stock.close()
+        await self._zygotes.close()
 
     # ---- launchers ----
 
@@ -125,50 +115,17 @@ class Grader:
         if task.config.grading.runner == "script":
             return  # a test script needs no launcher
         if self._forks(task):
-            task_ = asyncio.get_running_loop().create_task(self._prestart_zygote(task))
-            self._tasks.add(task_)
-            task_.add_done_callback(self._tasks.discard)
+            self._stock.background(self._prestart_zygote(task))
             return
-        self._prestart(grading_spec(task), task.config.grading.runner)
+        spec, runner = grading_spec(task), task.config.grading.runner
+        self._stock.fill(spec.key() + runner, lambda: self._fresh(spec, runner))
 
     async def _prestart_zygote(self, task: Task) -> None:
         with contextlib.suppress(SandboxError, OSError):  # the first grading reports it
-            await self._zygote(grading_spec(task))
-
-    def _prestart(self, spec: SandboxSpec, runner: str) -> None:
-        """Top the stock of started launchers for ``spec`` and ``runner`` up to ``warm``."""
-        key = spec.key() + runner
-        stock = self._stock.setdefault(key, [])
-        while not self._closed and len(stock) + self._starting.get(key, 0) < self.warm:
-            self._starting[key] = self._starting.get(key, 0) + 1
-            task = asyncio.get_running_loop().create_task(self._stock_one(spec, runner))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _stock_one(self, spec: SandboxSpec, runner: str) -> None:
-        key = spec.key() + runner
-        try:
-            launcher = await self._fresh(spec, runner)
-        except (SandboxError, OSError):
-            return  # the next grading starts its own and reports the error
-        finally:
-            self._starting[key] -= 1
-        if self._closed:
-            await launcher.sb.close()
-        else:
-            self._stock[key].append(launcher)
+            await self._zygotes.get(grading_spec(task))
 
     async def _launcher(self, spec: SandboxSpec, runner: str) -> Launcher:
-        stock = self._stock.get(spec.key() + runner, [])
-        launcher = None
-        while stock and launcher is None:
-            candidate = stock.pop(0)
-            if candidate.sb.closed:
-                continue
-            launcher = candidate
-        if self.warm:
-            self._prestart(spec, runner)
-        return launcher or await self._fresh(spec, runner)
+        return await self._stock.take(spec.key() + runner, lambda: self._fresh(spec, runner))
 
     # ---- grading ----
 
@@ -291,7 +248,7 @@ class Grader:
         return (self.use_zygote and task.config.grading.runner == "plain"
                 and not task.config.verifiers and not task.captured
                 and not task.config.grading.tracing
-                and grading_spec(task).backend == "local")
+                and preforks(grading_spec(task)))
 
     async def isolation(self, task: Task) -> tuple[str, str]:
         """(``process`` or ``shared``, why): how ``task``'s gradings run the tested code
@@ -401,24 +358,20 @@ class Grader:
 
     async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec,
                           isolation: str) -> TestRun:
-        """The plain runner in a fresh sandbox forked by the grading zygote (``zygote.py``):
-        the same checks, without a new interpreter per grading."""
+        """The plain runner in a fresh sandbox forked by the grading zygote
+        (``inside_zygote.py``, ``sandbox/zygote.py``): the same checks, without a new
+        interpreter per grading."""
         grading = task.config.grading
         separate = isolation in SEPARATE
         solver = f"{spec.workdir.rstrip('/')}/{grading.tests_dir}" if separate else None
         data = any(not path.endswith(".py") for path in task.tests)
-        try:
-            zygote = await self._zygote(spec)
-            forked = await zygote.fork(solver, hide=data)
-        except SandboxStartError:  # it died (killed, OOM): start another, once
-            zygote = await self._zygote(spec, replace=True)
-            forked = await zygote.fork(solver, hide=data)
+        zygote, forked = await self._zygotes.fork(spec, solver=solver, hide=data)
         try:
             placeholders, sources = hidden_files(task.tests, grading.tests_dir, spec.workdir)
             plan = RunPlan(pytest_args(grading.command), grading.tests_dir, spec.workdir,
                            canary_imports(task), runner="plain", launcher_dir=ZYGOTE_DIR,
                            sources=sources, isolation=isolation)
-            if zygote.magic == MAGIC_NUMBER:  # it reads this interpreter's bytecode
+            if zygote.greeting == MAGIC_NUMBER.hex():  # it reads this interpreter's bytecode
                 plan.precompile(compiled_tests(task, spec.workdir, sources, not separate))
             files = [(p, tree[p], tree.mode(p)) for p in tree]
             files += placeholders  # last: the hidden tests win any clash
@@ -441,22 +394,6 @@ class Grader:
             return run
         finally:
             await asyncio.to_thread(forked.close)
-
-    async def _zygote(self, spec: SandboxSpec, *, replace: bool = False) -> Zygote:
-        async with self._zygote_lock:
-            zygote = self._zygotes.get(spec.key())
-            if zygote is not None and (replace or not zygote.alive):
-                await zygote.close()
-                zygote = None
-            if zygote is None:
-                zygote = Zygote(spec)
-                try:
-                    await zygote.start()
-                except BaseException:
-                    await zygote.close()
-                    raise
-                self._zygotes[spec.key()] = zygote
-            return zygote
 
     async def expected_tests(self, task: Task) -> int:
         """How many hidden tests must run: from task.toml, or collected once (with the

@@ -3,8 +3,8 @@
 In one process, the tested code can reach whatever decides the outcome: the test's frames and
 locals, the runner, the objects it hands the assertions (an object that says it equals
 anything, or whose subtraction returns 0). The guard and the probe (``inside_guard.py``,
-``inside.py``) close each such path they know of. With process isolation there is no path to
-close: the launcher forks a **solver** before it holds anything secret, and the tested code
+``inside_launcher.py``) close each such path they know of. With process isolation there is no
+path to close: the launcher forks a **solver** before it holds anything secret, and the tested code
 only ever runs there. The hidden tests import the workspace's modules as proxies
 (``BoundaryFinder``); a call goes over a socket, and what comes back is **data**: the builtin
 kinds (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,

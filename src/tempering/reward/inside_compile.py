@@ -1,4 +1,4 @@
-"""Compiling the hidden tests for the launcher (``inside.py``): stdlib (and pytest) only.
+"""Compiling the hidden tests for the launcher (``inside_launcher.py``): stdlib (and pytest) only.
 
 Every hidden Python file is compiled before any tested code exists: each asserted comparison
 probed (``instrument``; the launcher binds its probes in each hidden module under the names

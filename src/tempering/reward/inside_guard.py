@@ -1,7 +1,7 @@
 """The grading process's guard: the only writer of the report, and the integrity checks behind it.
 
-Runs inside the grading sandbox beside the launcher (``inside.py``), stdlib only. The tested
-code shares the test process with the runner, so anything the runner holds in a Python object
+Runs inside the grading sandbox beside the launcher (``inside_launcher.py``), stdlib only. The
+tested code shares the test process with the runner, so anything the runner holds in a Python object
 the tested code can reach. The guard keeps what decides the report out of those objects:
 
 - It is an audit hook (PEP 578): it cannot be removed, and the interpreter keeps it where no
@@ -422,7 +422,7 @@ class Integrity:
     hook lists, the hidden tests' modules), is checked before every outcome; all of it, the
     standard library too, at the end."""
 
-    HOT = ("_pytest", "pytest", "pluggy", "inside", "inside_guard", "__main__", "builtins",
+    HOT = ("_pytest", "pytest", "pluggy", "inside_launcher", "inside_guard", "__main__", "builtins",
            "sys", "pytest hook", "tempering_test")
 
     def __init__(self):
@@ -852,10 +852,10 @@ class Guard:
 
     def marked(self, marker, frame, code):
         """A hidden test function began (``enter``) or reached one of its normal exits
-        (``done``): the instrumentation calls the launcher's ``inside.enter``/``inside.done``
-        there, and only the hidden code may. A hidden test the tested code called (an oracle:
-        its assertions show what is expected) is ``read_tests``; a current test whose function
-        got to its end may pass."""
+        (``done``): the instrumentation calls the launcher's ``enter``/``done``
+        (``inside_launcher.py``) there, and only the hidden code may. A hidden test the tested
+        code called (an oracle: its assertions show what is expected) is ``read_tests``; a
+        current test whose function got to its end may pass."""
         caller = frame.f_back if frame is not None else None
         test = caller.f_code if caller is not None else None
         if code is None or _addr(code) not in self.emitters or test is None or \
@@ -936,9 +936,10 @@ class Guard:
         self.write(record)
 
     def bound(self, record):
-        """A hidden module's statement ran (``inside.bound``): the names its namespace holds
-        may differ from what they held after the statement before only where the statement
-        binds them (``names``, from the module's own code, which must be the caller)."""
+        """A hidden module's statement ran (``inside_launcher.bound``): the names its
+        namespace holds may differ from what they held after the statement before only where
+        the statement binds them (``names``, from the module's own code, which must be the
+        caller)."""
         space, names, caller = record.get("space"), record.get("names"), record.get("caller")
         key = _addr(space) if type(space) is dict else None
         before = self.bindings.get(key)

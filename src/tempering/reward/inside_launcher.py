@@ -1,7 +1,8 @@
 """The test launcher that runs inside the grading sandbox (stdlib and pytest only).
 
 It is copied into the sandbox with ``inside_guard.py`` and started as ``python3 -I -B
-inside.py RUNNER`` before any workspace code exists on ``sys.path``: pytest is imported first,
+inside_launcher.py RUNNER`` before any workspace code exists on ``sys.path``: pytest is imported
+first,
 then the launcher blocks on one line of stdin (its configuration: a per-run key, the paths,
 pytest's arguments, and the hidden tests' Python files). A grader can start it ahead of time,
 so a grading pays for collection and the tests, not for importing pytest.

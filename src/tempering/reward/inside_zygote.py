@@ -61,7 +61,7 @@ import sys
 import typing  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import inside  # noqa: E402 - the launcher, from the same read-only directory
+import inside_launcher as launcher  # noqa: E402 - from the same read-only directory
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -250,18 +250,18 @@ def grading(channel, request, seccomp):
         uid, gid = request["uid"], request["gid"]
         hidden, hide = request.get("solver"), request.get("hide")
         if hidden is not None and hide:  # the tested code's own process (inside_boundary.py),
-            inside.SOLVER.append(inside.boundary_module.fork_solver(  # the tests out of view
+            launcher.SOLVER.append(launcher.boundary_module.fork_solver(  # the tests out of view
                 request["workdir"], before=lambda: solver_user(hidden, uid, gid, seccomp))[0])
         become_user(uid, gid, seccomp)
         if hidden is not None and not hide:  # nothing there but empty placeholders: the
-            inside.SOLVER.append(inside.boundary_module.fork_solver(  # grading's user will do
+            launcher.SOLVER.append(launcher.boundary_module.fork_solver(  # grading's user will do
                 request["workdir"])[0])
         os.chdir(request["workdir"])
         # (the configuration holds the hidden tests: it may not fit one datagram)
-        config = marshal.loads(inside.boundary_module.exactly(channel, size))
+        config = marshal.loads(launcher.boundary_module.exactly(channel, size))
         for name in ("ctypes", "LIBC", "SockFprog"):  # the tested code must import ctypes anew
             globals().pop(name, None)
-        inside.run_plain(config, channel.fileno())
+        launcher.run_plain(config, channel.fileno())
     except BaseException as exc:  # the host sees a grading that never reported
         os.write(2, f"tempering-zygote: grading failed: {exc!r}\n".encode())
         os._exit(1)
@@ -342,18 +342,18 @@ def reap(wake_r, statuses):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    if not inside.boundary_module.nested():
+    if not launcher.boundary_module.nested():
         control.send(b"error this python3 did not load the grader's nestguard.so (a libc other "
                      b"than glibc?), which keeps the programs the tests start apart")
         return
     with open(sys.argv[2], "rb") as f:  # the init's seccomp program, written by the host
         seccomp = f.read()
     SHARE_OF.extend(counter_shares())
-    inside.guard_module.preseal(os.path.dirname(inside.__file__))  # once, for every grading
-    inside.guard_module.frame_readers()  # before the freeze, which folds them in
-    inside.guard_module.freeze([inside.guard_module, inside.compiling, inside,
+    launcher.guard_module.preseal(os.path.dirname(launcher.__file__))  # once, for every grading
+    launcher.guard_module.frame_readers()  # before the freeze, which folds them in
+    launcher.guard_module.freeze([launcher.guard_module, launcher.compiling, launcher,
                                 sys.modules[__name__]])
-    inside.guard_module.freeze_frame_handlers()
+    launcher.guard_module.freeze_frame_handlers()
     # What is loaded now is never garbage: left to the collector, each grading's first
     # collection would walk (and, copy-on-write, copy) the whole inherited heap.
     gc.collect()

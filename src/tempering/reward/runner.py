@@ -1,6 +1,6 @@
 """Running the hidden tests in a grading sandbox, and reading their authenticated report.
 
-The launcher (``inside.py``) is written to ``/tmp/.tempering`` in the grading sandbox and
+The launcher (``inside_launcher.py``) is written to ``/tmp/.tempering`` in the grading sandbox and
 started before the workspace is filled, so it has imported pytest by the time the files are
 there; it then gets one line of configuration on stdin with a fresh key. Its report lines are
 checked here: a line whose MAC does not verify, or whose sequence number is out of order, is
@@ -38,6 +38,7 @@ from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
 from tempering.sandbox.native import native_library
+from tempering.sandbox.zygote import SECCOMP_FILE, ZygoteProgram
 from tempering.tasks.files import FileTree
 from tempering.tasks.task import pytest_args
 
@@ -45,7 +46,9 @@ __all__ = ["Launcher", "TestRun", "hidden_files", "parse_report", "parse_report_
            "pytest_args"]
 
 LAUNCHER_DIR = "/tmp/.tempering"
-LAUNCHER_FILES = ("inside.py", "inside_boundary.py", "inside_compile.py", "inside_guard.py")
+LAUNCHER_FILES = ("inside_launcher.py", "inside_boundary.py", "inside_compile.py",
+                  "inside_guard.py")
+ZYGOTE_DIR = "/.tempering/reward"  # the launcher and the grading zygote, in a zygote's sandbox
 NEST_GUARD = "nestguard.so"  # sandbox/nestguard.c, preloaded into the launcher
 NOT_NESTED = 86  # the launcher's exit status when its interpreter did not load it
 PREFIX = "@@tempering "
@@ -90,8 +93,8 @@ class Launcher:
     async def start(cls, sb: Sandbox, runner: str = "pytest") -> Launcher:
         """Start the launcher for ``runner`` (``pytest`` or ``plain``) in ``sb``."""
         await write_launcher(sb)
-        command = await sb.start(["python3", "-I", "-B", "-c", run_module(LAUNCHER_DIR, "inside"),
-                                  runner],
+        command = await sb.start(["python3", "-I", "-B", "-c",
+                                  run_module(LAUNCHER_DIR, "inside_launcher"), runner],
                                  env={"PYTHONDONTWRITEBYTECODE": "1",
                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                                       **nest_env(LAUNCHER_DIR)})
@@ -150,7 +153,7 @@ def nest_env(directory: str) -> dict[str, str]:
     """The environment that has the launcher's interpreter, its files in ``directory``, load
     ``nestguard`` (each program it starts in a Landlock domain of its own), and keeps its
     ``subprocess`` from starting programs by ``posix_spawn``, which the guard refuses (Python
-    3.13 reads the variable; ``inside.main`` turns it off in older ones). The programs the
+    3.13 reads the variable; ``inside_launcher.main`` turns it off in older ones). The programs the
     tests start inherit the rest: no Python of theirs reads the user's site directory, where
     the tested code, which may write $HOME, left a ``.pth`` that ran in a judge the tests
     started later (red team, round fifty-two: 1.0)."""
@@ -184,8 +187,18 @@ def launcher_files(names: tuple[str, ...]) -> dict[str, bytes]:
     return files
 
 
+def zygote_program() -> ZygoteProgram:
+    """The grading zygote (``inside_zygote.py``) as the program of a sandbox zygote: it
+    imports the launcher once and forks a fresh grading sandbox per grading, each running
+    the plain runner (its interpreter loads ``nestguard`` too)."""
+    return ZygoteProgram(
+        ZYGOTE_DIR, launcher_files((*LAUNCHER_FILES, "inside_zygote.py")),
+        ("/usr/bin/python3", "-I", "-B", "-c", run_module(ZYGOTE_DIR, "inside_zygote"), "3",
+         f"{ZYGOTE_DIR}/{SECCOMP_FILE}"), nest_env(ZYGOTE_DIR))
+
+
 # The isolations with the tested code in a process of its own (``inside_boundary.py``); the
-# launcher has its own copy (``inside.SEPARATE``), being stdlib only.
+# launcher has its own copy (``inside_launcher.SEPARATE``), being stdlib only.
 SEPARATE = ("process", "data")
 
 

@@ -81,7 +81,7 @@ async def run_verifier(sb: Sandbox, verifier: VerifierConfig, source: bytes | No
 async def _call_function(sb: Sandbox, verifier: VerifierConfig, source: bytes | None,
                          env: dict[str, str], isolation: str
                          ) -> tuple[object, str, list[tuple[str, str, str]]]:
-    """A function verifier, called by the launcher (``inside.py verifier``) with its file
+    """A function verifier, called by the launcher (``inside_launcher.py verifier``) with its file
     compiled as hidden code (the guard's, as the tests'), under ``isolation``: with ``data``
     the agent's modules run in the solver (``inside_boundary.py``), and only data comes back
     (round thirty: in one process, an always-equal result and a walk up the verifier's frames
@@ -93,7 +93,8 @@ async def _call_function(sb: Sandbox, verifier: VerifierConfig, source: bytes | 
               "function": function, "isolation": isolation,
               "sources": {path: source} if source is not None else {}}
     first = f"process {sb.spec.workdir}" if isolation in SEPARATE else "shared"
-    result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside.py", "verifier"],
+    result = await sb.exec(["python3", "-I", "-B", f"{LAUNCHER_DIR}/inside_launcher.py",
+                            "verifier"],
                            stdin=first.encode() + b"\n" + encode_config(config),
                            timeout=verifier.timeout_s, env={**env, **nest_env(LAUNCHER_DIR)})
     if result.exit_code == NOT_NESTED and not result.stdout:

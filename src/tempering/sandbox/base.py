@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from tempering.errors import SandboxClosedError, SandboxError
 from tempering.sandbox.copyout import CopyLimits, TreeCopy
@@ -100,6 +100,8 @@ class Sandbox(abc.ABC):
 
     id: str
     spec: SandboxSpec
+    preforks: ClassVar[bool] = False
+    """Whether the backend forks fresh sandboxes from a started one (``sandbox/zygote.py``)."""
 
     # ---- backend primitives ----
 
