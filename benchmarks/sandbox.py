@@ -496,11 +496,11 @@ async def docker(scale: Scale, args: argparse.Namespace) -> list[Figure]:
     """The docker backend beside the local one and beside ``docker run --rm``."""
     from tempering.errors import SandboxError
     from tempering.sandbox import SandboxPool
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import Engine
+    from tempering.sandbox.docker.api import DockerAPI
+    from tempering.sandbox.docker.backend import default_image
 
     try:
-        present = await Engine().image_id(default_image())
+        present = await DockerAPI().image_id(default_image())
     except SandboxError as exc:
         console.print(f"  docker: skipped ({exc})")
         return []

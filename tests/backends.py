@@ -31,15 +31,15 @@ def unavailable(backend: str) -> str | None:
     image), or None when it can."""
     try:
         if backend == "local":
-            from tempering.sandbox.local import host
+            from tempering.sandbox.local.backend import host
 
             host()
         elif backend == "docker":
-            from tempering.sandbox.docker import default_image
-            from tempering.sandbox.engine import Engine
+            from tempering.sandbox.docker.api import DockerAPI
+            from tempering.sandbox.docker.backend import default_image
 
             async def image() -> str | None:
-                return await Engine().image_id(default_image())
+                return await DockerAPI().image_id(default_image())
 
             if asyncio.run(image()) is None:
                 return f"no image {default_image()}: run `tempering image build`"

@@ -153,7 +153,7 @@ def test_doctor_passes_on_this_host() -> None:
 def test_reclaim_removes_what_a_crashed_process_left(storage: str) -> None:
     if storage == "volume":
         from tempering.errors import SandboxUnavailableError
-        from tempering.sandbox.local import volumes
+        from tempering.sandbox.local.backend import volumes
 
         try:
             volumes()
@@ -182,7 +182,7 @@ def test_reclaim_removes_what_a_crashed_process_left(storage: str) -> None:
 
 def test_sandbox_run_on_a_volume_and_bad_storage() -> None:
     from tempering.errors import SandboxUnavailableError
-    from tempering.sandbox.local import volumes
+    from tempering.sandbox.local.backend import volumes
 
     try:
         volumes()
@@ -248,8 +248,8 @@ def test_tasks_validate_accepts_the_examples_and_names_what_is_wrong(tmp_path: P
 
 def test_sandbox_run_on_the_docker_backend_and_bad_combinations() -> None:
     from tempering.errors import SandboxError
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import Engine
+    from tempering.sandbox.docker.api import DockerAPI
+    from tempering.sandbox.docker.backend import default_image
     from tempering.sandbox.uids import uid_range
 
     proc = tempering("sandbox", "run", "--image", "x", "--", "true")
@@ -259,7 +259,7 @@ def test_sandbox_run_on_the_docker_backend_and_bad_combinations() -> None:
     import asyncio
 
     try:
-        present = asyncio.run(Engine().image_id(default_image()))
+        present = asyncio.run(DockerAPI().image_id(default_image()))
     except SandboxError as exc:
         pytest.skip(f"docker backend unavailable: {exc}")
     if present is None:

@@ -78,3 +78,25 @@ def test_the_rule_catches_an_import_upward(tmp_path: Path) -> None:
     module.write_text("def f():\n    from tempering.cli.common import UsageError\n"
                       "import tempering.agent.episode\n")
     assert _imports(module) == {"cli", "agent"}
+
+
+def test_the_sandbox_core_imports_no_backend() -> None:
+    """The sandbox's core (contract, spec, pool, stock, file API and what both backends run
+    on) knows no backend: each is a package of its own (``local/``, ``docker/``), reached by
+    name through ``spec.BACKENDS``. ``doctor.py`` checks both backends, so it names them."""
+    core = SOURCE / "sandbox"
+    found = []
+    for path in sorted(core.glob("*.py")):
+        if path.name == "doctor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{path.name}: {n}" for n in names
+                      if n.startswith(("tempering.sandbox.local", "tempering.sandbox.docker"))]
+    assert not found, "\n".join(found)
+

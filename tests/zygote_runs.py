@@ -5,7 +5,7 @@ read-only, then the configuration goes and the capped report comes back."""
 from __future__ import annotations
 
 from tempering.reward.runner import ZYGOTE_DIR, RunPlan, TestRun
-from tempering.sandbox.zygote import Zygote
+from tempering.sandbox.local.zygote import Zygote
 
 
 async def run_in_zygote(zygote: Zygote, files: dict[str, str], timeout: float = 10.0

@@ -12,7 +12,7 @@ from tempering.reward import Grader
 from tempering.reward.grader import grading_spec
 from tempering.reward.runner import zygote_program
 from tempering.sandbox import SandboxSpec
-from tempering.sandbox.zygote import Zygote
+from tempering.sandbox.local.zygote import Zygote
 from tempering.tasks.humaneval import load_humaneval
 from zygote_runs import run_in_zygote
 

@@ -11,8 +11,8 @@ import os
 from tempering.reward.grader import grading_spec
 from tempering.reward.runner import zygote_program
 from tempering.sandbox import SandboxSpec, open_sandbox
+from tempering.sandbox.local.zygote import Zygote
 from tempering.sandbox.uids import uid_range
-from tempering.sandbox.zygote import Zygote
 from tempering.tasks.humaneval import load_humaneval
 from zygote_runs import run_in_zygote
 

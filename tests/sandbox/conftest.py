@@ -32,7 +32,7 @@ def variant(request: pytest.FixtureRequest) -> tuple[str, str]:
         pytest.skip(f"{backend} backend unavailable: {why}")
     if storage == "volume":
         try:
-            from tempering.sandbox.local import volumes
+            from tempering.sandbox.local.backend import volumes
 
             volumes()
         except SandboxUnavailableError as exc:

@@ -12,7 +12,7 @@ import pytest
 
 from tempering.errors import SandboxStartError
 from tempering.sandbox import SandboxSpec, open_sandbox
-from tempering.sandbox.engine import Engine
+from tempering.sandbox.docker.api import DockerAPI
 from tempering.sandbox.uids import uid_range
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
@@ -27,7 +27,7 @@ def _python(script: str, status: int = 0) -> str:
 
 
 def _containers_of(sandbox: str) -> int:
-    return len(asyncio.run(Engine().containers(f"tempering.sandbox={sandbox}")))
+    return len(asyncio.run(DockerAPI().containers(f"tempering.sandbox={sandbox}")))
 
 
 async def test_a_missing_image_names_itself_and_the_fix() -> None:
@@ -38,7 +38,7 @@ async def test_a_missing_image_names_itself_and_the_fix() -> None:
 
 async def test_the_container_is_hardened() -> None:
     async with open_sandbox(SandboxSpec(backend="docker", memory_mb=128, pids=32)) as sb:
-        info = (await Engine().request("GET", f"/containers/tempering-{sb.id}/json")).json()
+        info = (await DockerAPI().request("GET", f"/containers/tempering-{sb.id}/json")).json()
         host = info["HostConfig"]
         assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
         assert "no-new-privileges:true" in host["SecurityOpt"]
@@ -66,7 +66,7 @@ def test_reclaim_removes_a_crashed_process_containers() -> None:
              "asyncio.run(main())\n")
     sandbox = _python(crash, status=1).strip()
     reclaim = ("import asyncio\n"
-               "from tempering.sandbox.docker import DockerSandbox\n"
+               "from tempering.sandbox.docker.backend import DockerSandbox\n"
                "print(asyncio.run(DockerSandbox.reclaim_async()))\n")
     assert int(_python(reclaim)) >= 1
     assert _containers_of(sandbox) == 0
@@ -74,7 +74,7 @@ def test_reclaim_removes_a_crashed_process_containers() -> None:
 
 async def test_a_task_recipe_builds_from_a_local_image_and_runs(tmp_path) -> None:
     from tempering.errors import SandboxUnavailableError
-    from tempering.sandbox.image import build_recipe
+    from tempering.sandbox.docker.image import build_recipe
 
     (tmp_path / "Dockerfile").write_text("FROM tempering/python:latest\n"
                                          "COPY marker.txt /opt/marker.txt\n")

@@ -244,7 +244,8 @@ async def test_without_network_only_loopback(local_ready: None) -> None:
 
 
 def test_host_networks_are_its_addresses_and_attached_networks(tmp_path: Path) -> None:
-    from tempering.sandbox.egress import egress, host_networks
+    from tempering.sandbox.local.egress import egress
+    from tempering.sandbox.nearby import host_networks
 
     trie = tmp_path / "fib_trie"  # the kernel's format, as /proc/net/fib_trie shows it
     trie.write_text(textwrap.dedent("""\

@@ -49,12 +49,12 @@ def test_spec_is_frozen() -> None:
 
 def test_missing_bubblewrap_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     from tempering.errors import SandboxUnavailableError
-    from tempering.sandbox import local
+    from tempering.sandbox.host import host
 
     monkeypatch.setenv("PATH", "/nonexistent")
-    local.host.cache_clear()
+    host.cache_clear()
     try:
         with pytest.raises(SandboxUnavailableError, match="apt-get install -y bubblewrap"):
-            local.host()
+            host()
     finally:
-        local.host.cache_clear()  # the next test checks the host again, with the real PATH
+        host.cache_clear()  # the next test checks the host again, with the real PATH

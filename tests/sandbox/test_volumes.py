@@ -119,7 +119,7 @@ async def test_commands_in_volume_sandboxes_start_writeback() -> None:
     import asyncio
 
     from tempering.sandbox import SandboxSpec, open_sandbox
-    from tempering.sandbox.local import volumes as host_volumes
+    from tempering.sandbox.local.backend import volumes as host_volumes
 
     try:
         writeback = host_volumes().writeback()

@@ -157,7 +157,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_image_build(args: argparse.Namespace) -> int:
     import time
 
-    from tempering.sandbox.image import build_default_image, build_recipe
+    from tempering.sandbox.docker.image import build_default_image, build_recipe
 
     start = time.perf_counter()
     if args.recipe is not None:
@@ -171,8 +171,8 @@ def _cmd_image_build(args: argparse.Namespace) -> int:
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
     from tempering.errors import SandboxUnavailableError
-    from tempering.sandbox.docker import DockerSandbox
-    from tempering.sandbox.local import LocalSandbox
+    from tempering.sandbox.docker.backend import DockerSandbox
+    from tempering.sandbox.local.backend import LocalSandbox
 
     removed = LocalSandbox.reclaim()
     print(f"cleaned up {removed} sandbox(es) left by crashed tempering processes")

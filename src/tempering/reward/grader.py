@@ -52,8 +52,8 @@ from tempering.reward.tamper import parents, screen, screen_captured, sealed_pat
 from tempering.reward.verifiers import VERIFIERS_DIR, run_verifier
 from tempering.sandbox import Sandbox, SandboxSpec, create_sandbox
 from tempering.sandbox.files import Storage
+from tempering.sandbox.local.zygote import Zygotes, preforks
 from tempering.sandbox.stock import Stock
-from tempering.sandbox.zygote import Zygotes, preforks
 from tempering.tasks.capture import confine_links
 from tempering.tasks.files import FileTree, Limits, read_sandbox_tree
 from tempering.tasks.setup import prepared
@@ -359,7 +359,7 @@ class Grader:
     async def _run_forked(self, task: Task, tree: FileTree, spec: SandboxSpec,
                           isolation: str) -> TestRun:
         """The plain runner in a fresh sandbox forked by the grading zygote
-        (``inside_zygote.py``, ``sandbox/zygote.py``): the same checks, without a new
+        (``inside_zygote.py``, ``sandbox/local/zygote.py``): the same checks, without a new
         interpreter per grading."""
         grading = task.config.grading
         separate = isolation in SEPARATE

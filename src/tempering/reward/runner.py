@@ -37,8 +37,8 @@ from tempering.reward.kept import Kept
 from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
 from tempering.sandbox.base import Command
+from tempering.sandbox.local.zygote import SECCOMP_FILE, ZygoteProgram
 from tempering.sandbox.native import native_library
-from tempering.sandbox.zygote import SECCOMP_FILE, ZygoteProgram
 from tempering.tasks.files import FileTree
 from tempering.tasks.task import pytest_args
 

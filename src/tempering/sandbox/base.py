@@ -101,7 +101,8 @@ class Sandbox(abc.ABC):
     id: str
     spec: SandboxSpec
     preforks: ClassVar[bool] = False
-    """Whether the backend forks fresh sandboxes from a started one (``sandbox/zygote.py``)."""
+    """Whether the backend forks fresh sandboxes from a started one
+    (``sandbox/local/zygote.py``)."""
 
     # ---- backend primitives ----
 

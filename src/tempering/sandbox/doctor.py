@@ -128,12 +128,12 @@ async def docker_check() -> tuple[str, bool | None, str]:
     """The docker backend is optional: without an engine or image it is skipped (–), with
     the fix, and the local backend is still ready."""
     from tempering.errors import SandboxError
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import Engine
+    from tempering.sandbox.docker.api import DockerAPI
+    from tempering.sandbox.docker.backend import default_image
 
     name = "docker backend (optional)"
     try:
-        engine = Engine()
+        engine = DockerAPI()
         version = await engine.ping()
         image = await engine.image_id(default_image())
     except SandboxError as exc:

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Backends by name, imported on use ("module:Class"). A new backend is a new file and a line here.
 BACKENDS: dict[str, str] = {
-    "local": "tempering.sandbox.local:LocalSandbox",
-    "docker": "tempering.sandbox.docker:DockerSandbox",
+    "local": "tempering.sandbox.local.backend:LocalSandbox",
+    "docker": "tempering.sandbox.docker.backend:DockerSandbox",
 }
 
 MAX_WRITABLE_DIRS = 16

@@ -11,8 +11,8 @@ background is dropped quietly: the next ``take`` makes its own and meets the err
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, Protocol, TypeVar
 
 from tempering.errors import SandboxError
 from tempering.sandbox.base import Sandbox
@@ -55,9 +55,9 @@ class Stock(Generic[T]):
             self.fill(key, make)
         return found or await make()
 
-    def background(self, work: Awaitable[None]) -> None:
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as a task the stock cancels when it closes."""
-        task = asyncio.get_running_loop().create_task(_awaited(work))
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -83,7 +83,3 @@ class Stock(Generic[T]):
             for made in stock:
                 await made.sb.close()
         self._stock.clear()
-
-
-async def _awaited(work: Awaitable[None]) -> None:
-    await work

@@ -358,16 +358,16 @@ def _rootfs_tree(spec: SandboxSpec, path: str, limits: Limits) -> tuple[FileTree
 
 
 async def _image_tree(spec: SandboxSpec, path: str, limits: Limits) -> tuple[FileTree, str]:
-    from tempering.sandbox.docker import default_image
-    from tempering.sandbox.engine import EngineError
-    from tempering.sandbox.image import build_recipe, image_files
+    from tempering.sandbox.docker.api import DockerAPIError
+    from tempering.sandbox.docker.backend import default_image
+    from tempering.sandbox.docker.image import build_recipe, image_files
 
     try:
         ref = spec.image or (await build_recipe(spec.recipe) if spec.recipe else
                              default_image())
         found = await image_files(ref, path, max_files=limits.max_files,
                                   max_bytes=limits.max_total_bytes, links=True)
-    except EngineError as exc:
+    except DockerAPIError as exc:
         if exc.status == 404:  # no such path: the engine makes the mount point
             return FileTree(), ""
         raise

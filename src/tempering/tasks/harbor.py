@@ -207,7 +207,7 @@ def _environment(root: Path, env: dict[str, Any], limits: Limits | None,
 
 async def _image_workspace(spec: SandboxSpec, limits: Limits
                            ) -> tuple[str, dict[str, bytes], dict[str, int], list[str]]:
-    from tempering.sandbox.image import build_recipe, image_files
+    from tempering.sandbox.docker.image import build_recipe, image_files
 
     try:
         ref = spec.image or await build_recipe(spec.recipe or "")

@@ -9,15 +9,15 @@ import asyncio
 import pytest
 
 from tempering.errors import SandboxUnavailableError
-from tempering.sandbox.engine import Engine, EngineError
-from tempering.sandbox.image import PACKAGES, REPOSITORY, closure, image_tag
+from tempering.sandbox.docker.api import DockerAPI, DockerAPIError
+from tempering.sandbox.docker.image import PACKAGES, REPOSITORY, closure, image_tag
 
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    engine = Engine()
+def engine() -> DockerAPI:
+    engine = DockerAPI()
     try:
         asyncio.run(engine.ping())
     except SandboxUnavailableError as exc:
@@ -27,13 +27,13 @@ def engine() -> Engine:
 
 async def test_missing_engine_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(SandboxUnavailableError, match="no Docker engine answers at .*nope.sock"):
-        await Engine(str(tmp_path / "nope.sock")).ping()
+        await DockerAPI(str(tmp_path / "nope.sock")).ping()
 
 
-async def test_ping_and_errors_name_the_object(engine: Engine) -> None:
+async def test_ping_and_errors_name_the_object(engine: DockerAPI) -> None:
     assert (await engine.ping()).count(".") >= 1
     assert await engine.image_id("tempering/no-such-image:never") is None
-    with pytest.raises(EngineError, match="inspecting container nope: .*404") as info:
+    with pytest.raises(DockerAPIError, match="inspecting container nope: .*404") as info:
         await engine.request("GET", "/containers/nope-never/json", what="inspecting container nope")
     assert info.value.status == 404
 
@@ -47,8 +47,8 @@ def test_the_image_is_the_closure_of_installed_packages() -> None:
         closure(["no-such-package"])
 
 
-async def test_build_is_cached_and_runs_pytest_as_a_user(engine: Engine) -> None:
-    from tempering.sandbox.image import build_default_image
+async def test_build_is_cached_and_runs_pytest_as_a_user(engine: DockerAPI) -> None:
+    from tempering.sandbox.docker.image import build_default_image
 
     ref = await build_default_image(engine)
     assert ref.startswith(f"{REPOSITORY}:") and await engine.image_id(ref) is not None

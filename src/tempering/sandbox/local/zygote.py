@@ -45,7 +45,7 @@ from tempering.errors import SandboxStartError
 from tempering.sandbox import cgroup
 from tempering.sandbox.files import Storage
 from tempering.sandbox.host import host, spawner
-from tempering.sandbox.local import bwrap_argv, read_child_pid
+from tempering.sandbox.local.backend import bwrap_argv, read_child_pid
 from tempering.sandbox.native import home
 from tempering.sandbox.spec import SandboxSpec
 from tempering.sandbox.uids import UidLease, lease_uid

@@ -5,7 +5,7 @@ library): HTTP/1.1 on ``/var/run/docker.sock`` (or ``$DOCKER_HOST=unix://...``),
 per request, JSON in and out, request bodies streamed from files or iterators (an image import
 is hundreds of MB), chunked and streamed responses read incrementally. Errors name the daemon
 or the object and say what to do: a missing engine is ``SandboxUnavailableError``; an engine
-answer >= 400 is ``EngineError`` with its status and message.
+answer >= 400 is ``DockerAPIError`` with its status and message.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ API = "/v1.41"  # Docker 20.10 and later
 CHUNK = 1 << 16
 
 
-class EngineError(SandboxError):
+class DockerAPIError(SandboxError):
     """The engine answered a request with an error status."""
 
     def __init__(self, status: int, message: str, what: str) -> None:
@@ -58,7 +58,7 @@ def socket_path() -> str:
     return DEFAULT_SOCKET
 
 
-class Engine:
+class DockerAPI:
     """The Docker engine at a unix socket."""
 
     def __init__(self, path: str | None = None) -> None:
@@ -82,7 +82,7 @@ class Engine:
                       content_type: str = "application/json", what: str = "",
                       ok: Iterable[int] = ()) -> Response:
         """One request; ``body`` is sent as JSON, ``data`` as raw bytes (or an iterable of
-        chunks, sent chunked). Statuses >= 400 raise EngineError unless listed in ``ok``."""
+        chunks, sent chunked). Statuses >= 400 raise DockerAPIError unless listed in ``ok``."""
         reader, writer = await self._connect()
         try:
             await self._send_or_answer(reader, writer, method, path, params, body, data,
@@ -93,7 +93,7 @@ class Engine:
             writer.close()
             await _closed(writer)
         if status >= 400 and status not in set(ok):
-            raise EngineError(status, _message(payload), what or f"{method} {path}")
+            raise DockerAPIError(status, _message(payload), what or f"{method} {path}")
         return Response(status, headers, payload)
 
     async def stream(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
@@ -108,7 +108,7 @@ class Engine:
             status, headers = await _read_head(reader)
             if status >= 400:
                 payload = b"".join([c async for c in _read_body(reader, headers)])
-                raise EngineError(status, _message(payload), what or f"{method} {path}")
+                raise DockerAPIError(status, _message(payload), what or f"{method} {path}")
             async for chunk in _read_body(reader, headers):
                 yield chunk
         finally:
@@ -129,7 +129,7 @@ class Engine:
                 payload = b"".join([c async for c in _read_body(reader, headers)])
             except (SandboxError, ConnectionError):
                 status, payload = 0, b"the connection broke while sending the request"
-            raise EngineError(status, _message(payload), what or f"{method} {path}") from None
+            raise DockerAPIError(status, _message(payload), what or f"{method} {path}") from None
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, path: str,
                     params: Mapping[str, Any] | None, body: Any,

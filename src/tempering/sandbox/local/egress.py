@@ -40,27 +40,10 @@ from pathlib import Path
 from tempering.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from tempering.sandbox.forkserver import Spawner
 from tempering.sandbox.native import home
-
-__all__ = ["REFUSED", "Egress", "Stack", "egress", "host_networks", "start_stack"]
+from tempering.sandbox.nearby import REFUSED, host_networks
 
 IPv4Network = ipaddress.IPv4Network
 log = logging.getLogger(__name__)
-
-REFUSED: tuple[str, ...] = (
-    "0.0.0.0/8",        # "this network"
-    "10.0.0.0/8",       # private
-    "100.64.0.0/10",    # shared address space (carrier-grade NAT)
-    "127.0.0.0/8",      # loopback: the sandbox's own is answered before any rule
-    "169.254.0.0/16",   # link-local: cloud metadata services (169.254.169.254)
-    "172.16.0.0/12",    # private (Docker's bridges)
-    "192.0.0.0/24",     # IETF protocol assignments
-    "192.168.0.0/16",   # private
-    "198.18.0.0/15",    # benchmarking
-    "224.0.0.0/4",      # multicast
-    "240.0.0.0/4",      # reserved, broadcast
-    "::/0",             # all of IPv6 (fe80::/10, fc00::/7 ...): the stack carries IPv4 only
-)
-"""Destinations a sandbox with network never reaches (besides this host's own networks)."""
 
 # Networks the stack may use for its side of the tap; the first that overlaps none of the
 # host's is taken, so a host on 10.0.2.0/24 does not lose its LAN to the sandbox's gateway.
@@ -120,27 +103,6 @@ def egress() -> Egress:
     extra = [str(n) for n in own if not any(n.subnet_of(c) for c in refused)
              and not any(n != c and n.subnet_of(c) for c in own)]
     return Egress(network, REFUSED + tuple(extra))
-
-
-def host_networks(fib_trie: str = "/proc/net/fib_trie") -> list[IPv4Network]:
-    """This host's IPv4 addresses (as /32) and the networks it is attached to, from the
-    kernel's routing tables (``/proc/net/fib_trie``: a leaf address, then ``/LEN scope TYPE``
-    lines: ``host LOCAL`` for an address of this host, ``link UNICAST`` for a network on a
-    link). Loopback is left out: the sandbox's own answers first."""
-    found: set[IPv4Network] = set()
-    with open(fib_trie) as f:
-        leaf = None
-        for line in f:
-            words = line.replace("|--", " ").split()
-            if len(words) == 1 and words[0].count(".") == 3:
-                leaf = words[0]
-            elif leaf and len(words) == 3 and words[0].startswith("/"):
-                if (words[1], words[2]) in (("host", "LOCAL"), ("link", "UNICAST")):
-                    length = 32 if words[2] == "LOCAL" else int(words[0][1:])
-                    net = IPv4Network(f"{leaf}/{length}", strict=False)
-                    if not net.is_loopback:
-                        found.add(net)
-    return sorted(found)
 
 
 @cache

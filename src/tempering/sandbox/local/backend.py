@@ -45,8 +45,7 @@ from tempering.errors import (
 )
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import ensure_open
-from tempering.sandbox.egress import Egress, Stack, egress, start_stack
-from tempering.sandbox.files import InitSandbox, Storage
+from tempering.sandbox.files import Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     HARBOR_DIRS,
@@ -62,7 +61,9 @@ from tempering.sandbox.host import (
     storage_for,
     volumes,
 )
-from tempering.sandbox.rootfs import system_args
+from tempering.sandbox.hosted import InitSandbox
+from tempering.sandbox.local.egress import Egress, Stack, egress, start_stack
+from tempering.sandbox.local.rootfs import system_args
 from tempering.sandbox.spec import SandboxSpec, SandboxUsage, memory_disk_bytes
 from tempering.sandbox.uids import UidLease, lease_uid
 
@@ -100,7 +101,7 @@ def _close_all_at_exit() -> None:
 class LocalSandbox(InitSandbox):
     """A sandbox made of Linux namespaces on this host."""
 
-    preforks = True  # the grading zygote (``sandbox/zygote.py``)
+    preforks = True  # the grading zygote (``sandbox/local/zygote.py``)
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec

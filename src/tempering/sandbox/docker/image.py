@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tempering.errors import SandboxUnavailableError
 from tempering.sandbox.cgroup import owner_tag
-from tempering.sandbox.engine import Engine
+from tempering.sandbox.docker.api import DockerAPI
 
 REPOSITORY = "tempering/python"
 BUILDER = "2"  # bump when the layout below changes: it is part of the tag
@@ -198,10 +198,10 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-async def build_default_image(engine: Engine | None = None, *, force: bool = False,
+async def build_default_image(engine: DockerAPI | None = None, *, force: bool = False,
                               on_progress: object = None) -> str:
     """Build (or find) the default image; returns its reference ``tempering/python:<tag>``."""
-    engine = engine or Engine()
+    engine = engine or DockerAPI()
     await engine.ping()
     packages = closure(PACKAGES)
     ref = f"{REPOSITORY}:{image_tag(packages)}"
@@ -238,7 +238,7 @@ def _context_tar(context: Path) -> bytes:
 
 
 async def build_recipe(context: Path | str, tag: str | None = None, *,
-                       engine: Engine | None = None, force: bool = False) -> str:
+                       engine: DockerAPI | None = None, force: bool = False) -> str:
     """Build a task's own image from a directory holding a Dockerfile whose FROM names a local
     image (the default one, ``tempering/python:latest``, or another built here): nothing is
     pulled. The tag defaults to ``tempering/task:<digest of the directory>``, so an unchanged
@@ -251,7 +251,7 @@ async def build_recipe(context: Path | str, tag: str | None = None, *,
                                       "with a Dockerfile that starts FROM a local image")
     data = _context_tar(context)
     ref = tag or f"tempering/task:{hashlib.sha256(data).hexdigest()[:16]}"
-    engine = engine or Engine()
+    engine = engine or DockerAPI()
     if not force and await engine.image_id(ref) is not None:
         return ref
     errors: list[str] = []
@@ -289,13 +289,13 @@ class ImageFiles:
 
 
 async def image_files(ref: str, path: str | None = None, *, max_files: int = 10_000,
-                      max_bytes: int = 256 << 20, engine: Engine | None = None,
+                      max_bytes: int = 256 << 20, engine: DockerAPI | None = None,
                       links: bool = False) -> ImageFiles:
     """What image ``ref`` holds below ``path`` (default: its working directory), read through a
     created, never started container of it, which is removed after. Links (unless ``links``
     asks for them, as links) and special files are left out and listed, never followed; past
     ``max_files`` or ``max_bytes`` the reading stops with the rest left out."""
-    engine = engine or Engine()
+    engine = engine or DockerAPI()
     info = (await engine.request("GET", f"/images/{ref}/json", what=f"inspecting {ref}")).json()
     workdir = str((info.get("Config") or {}).get("WorkingDir") or "")
     where = path or workdir

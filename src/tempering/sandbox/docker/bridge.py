@@ -12,7 +12,7 @@ process (idempotent; they touch nothing else):
 - ``INPUT -i tmp-egress0 -j REJECT``: nothing from the bridge reaches the host itself. Docker's
   DNS for the containers answers inside each container's namespace, so names still resolve.
 - ``DOCKER-USER -i tmp-egress0 -j TEMPERING-EGRESS``: forwarded traffic to the ranges the local
-  backend refuses (``egress.REFUSED``) and to the host's own networks is rejected before
+  backend refuses (``nearby.REFUSED``) and to the host's own networks is rejected before
   Docker's own rules, at once (ICMP host-prohibited: EHOSTUNREACH, nothing leaves).
 
 The firewall is this machine's, so this needs root here and an engine on this machine (its unix
@@ -27,8 +27,8 @@ import shutil
 import subprocess
 
 from tempering.errors import SandboxUnavailableError
-from tempering.sandbox.egress import REFUSED, host_networks
-from tempering.sandbox.engine import Engine, EngineError
+from tempering.sandbox.docker.api import DockerAPI, DockerAPIError
+from tempering.sandbox.nearby import REFUSED, host_networks
 
 __all__ = ["BRIDGE", "CHAIN", "NETWORK", "egress_network"]
 
@@ -38,7 +38,7 @@ _ready: dict[str, asyncio.Lock] = {}
 _done: set[str] = set()
 
 
-async def egress_network(engine: Engine) -> str:
+async def egress_network(engine: DockerAPI) -> str:
     """The network a container with network joins, made and fenced on first use."""
     if engine.path in _done:
         return NETWORK
@@ -50,11 +50,11 @@ async def egress_network(engine: Engine) -> str:
     return NETWORK
 
 
-async def _ensure_network(engine: Engine) -> None:
+async def _ensure_network(engine: DockerAPI) -> None:
     try:
         await engine.request("GET", f"/networks/{NETWORK}", what=f"inspecting {NETWORK}")
         return
-    except EngineError as exc:
+    except DockerAPIError as exc:
         if exc.status != 404:
             raise
     try:
@@ -63,7 +63,7 @@ async def _ensure_network(engine: Engine) -> None:
                                    "Labels": {"tempering.network": "egress"},
                                    "Options": {"com.docker.network.bridge.name": BRIDGE,
                                                "com.docker.network.bridge.enable_icc": "false"}})
-    except EngineError as exc:
+    except DockerAPIError as exc:
         if exc.status != 409:  # another process made it meanwhile
             raise
 

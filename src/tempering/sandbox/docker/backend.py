@@ -45,9 +45,10 @@ from typing import Any
 from tempering.errors import SandboxError, SandboxStartError
 from tempering.sandbox import cgroup
 from tempering.sandbox.base import ensure_open
-from tempering.sandbox.bridge import egress_network
-from tempering.sandbox.engine import Engine, EngineError
-from tempering.sandbox.files import InitSandbox, Storage
+from tempering.sandbox.docker.api import DockerAPI, DockerAPIError
+from tempering.sandbox.docker.bridge import egress_network
+from tempering.sandbox.docker.image import REPOSITORY, build_recipe
+from tempering.sandbox.files import Storage
 from tempering.sandbox.forkserver import InitChannel
 from tempering.sandbox.host import (
     HARBOR_DIRS,
@@ -60,7 +61,7 @@ from tempering.sandbox.host import (
     unbounded_file_table,
     volumes,
 )
-from tempering.sandbox.image import REPOSITORY, build_recipe
+from tempering.sandbox.hosted import InitSandbox
 from tempering.sandbox.native import home, native_binary, synthetic_etc
 from tempering.sandbox.spec import INODE_SPACING, SandboxSpec, SandboxUsage, memory_disk_bytes
 from tempering.sandbox.uids import UidLease, lease_uid, reclaim_uids
@@ -104,7 +105,7 @@ class DockerSandbox(InitSandbox):
         """``volume`` (a btrfs volume of the host's pool bound in; fork is a snapshot) or
         ``memory`` (tmpfs for the workdir, /tmp and /dev/shm within disk_mb; fork copies)."""
         self._volume: str | None = None
-        self._engine = Engine()
+        self._engine = DockerAPI()
         self._tag = cgroup.owner_tag()
         self._container: str | None = None
         self._channel: InitChannel | None = None
@@ -131,7 +132,7 @@ class DockerSandbox(InitSandbox):
     async def reclaim_async(cls) -> int:
         """Remove the containers, control directories and volumes of owners that no longer
         run; returns how many containers that was."""
-        engine = Engine()
+        engine = DockerAPI()
         removed = 0
         for container in await engine.containers(OWNER_LABEL):
             owner = container.get("Labels", {}).get(OWNER_LABEL, "")
@@ -289,7 +290,7 @@ class DockerSandbox(InitSandbox):
             created = await self._engine.request(
                 "POST", "/containers/create", params={"name": f"tempering-{self.id}"},
                 body=self._config(init, uid), what=f"creating sandbox {self.id}")
-        except EngineError as exc:
+        except DockerAPIError as exc:
             if exc.status == 404:
                 raise SandboxStartError(
                     f"image {self.image} is not on this engine: build the default image with "
