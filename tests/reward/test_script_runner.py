@@ -837,10 +837,11 @@ if fd < 0:  # or through its memory: the helper's stdout is /proc/PID/fd/1's fil
         fd = os.open(f"/proc/{helper}/fd/1", os.O_WRONLY)
     except OSError:
         fd = -1
-if fd >= 0:
-    os.kill(helper, signal.SIGKILL)
+if fd >= 0:  # stopped first, so its own line never lands; written before the script ends
+    os.kill(helper, signal.SIGSTOP)
     os.ftruncate(fd, 0)
     os.pwrite(fd, b"1\\n", 0)
+    os.kill(helper, signal.SIGKILL)
 print("took" if fd >= 0 else f"refused {ctypes.get_errno()}")
 """
 
