@@ -71,7 +71,11 @@ WATCHED = frozenset({
     "tempering.frame_read", "tempering.create_builtin",
     "function.__new__", "sys.addaudithook", "sys._current_exceptions",
     "sys.monitoring.register_callback", "sys._getframemodulename", "os.putenv", "os.unsetenv",
+    "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
 })
+# Where the test's process starts a program: what it inherits is checked there (``environ``).
+PROGRAM_STARTS = frozenset({"subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn",
+                            "os.system"})
 FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_locals",
                          "f_code"})
 # What hands over every object or every frame: refused outright once the guard runs (nothing
@@ -97,13 +101,24 @@ NATIVE_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
 # shell's start-up, where a program finds its user's configuration. The tested code, run in
 # the test's process, set LD_PRELOAD to a library it wrote, and the judge the test then
 # started ran it and exited 0 (red team, round fifty-three: 1.0; LD_AUDIT too).
+# Every variable of an interpreter or a tool a test commonly runs, by prefix, since each
+# such family grows (round fifty-four: ``PYTHONOPTIMIZE`` took a judge's asserts away,
+# ``PYTHONPYCACHEPREFIX`` ran the tested code's bytecode in it, ``OPENSSL_CONF`` loaded a
+# module into a ``python3 -I`` judge, ``MAKEFLAGS=i`` and ``PYTEST_ADDOPTS=--collect-only``
+# made a failing make and pytest exit 0); ``HARMLESS`` names what of them loads nothing.
 STARTUP_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_", "GCONV_", "GIT_", "PERL", "RUBY", "NODE_",
-                    "JAVA_", "_JAVA_", "JDK_JAVA_", "XDG_CONFIG_")
+                    "JAVA_", "_JAVA_", "JDK_JAVA_", "XDG_CONFIG_", "PYTHON", "PYTEST_",
+                    "OPENSSL_", "MAKE", "NPM_CONFIG_", "npm_config_", "PIP_")
 STARTUP_NAMES = frozenset({
     "PATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "ZDOTDIR", "CDPATH",
-    "GLIBC_TUNABLES", "LOCPATH", "CLASSPATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
-    "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONPLATLIBDIR",
-    "PYTHONEXECUTABLE", "PYTHONBREAKPOINT", "PYTHONINSPECT",
+    "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "CLASSPATH", "MFLAGS", "GNUMAKEFLAGS",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "TCLLIBPATH", "TERMINFO", "TERMINFO_DIRS", "INPUTRC",
+})
+HARMLESS = frozenset({
+    "GIT_TERMINAL_PROMPT", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE",
+    "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE", "PYTHONUNBUFFERED",
+    "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONUTF8", "PYTHONHASHSEED",
+    "PYTHONWARNINGS",  # a category it names is imported from the judge's own path only
 })
 # Standard-library modules that read frames for honest reasons of their own (a logger's caller,
 # a namedtuple's or TypeVar's module, an exception's traceback to format it): a frame event
@@ -183,8 +198,13 @@ _FRAME_CALLS = (("sys._getframe", "_getframe", _GETFRAME),
 # Entries that pytest itself swaps for the length of each test (restored after it).
 VOLATILE = {"_pytest.assertion.util": frozenset({"_reprcompare", "_assertion_pass", "_config"}),
             "warnings": None, "_warnings": None, "sys": None}
+# What of ``sys`` is held (the rest changes honestly: ``sys.path``, ``argv``, the streams):
+# the hooks, and where the interpreter is (``sys.executable``: a test that starts its judge as
+# ``[sys.executable, ...]`` ran the tested code's script once it was rebound; red team, round
+# fifty-four).
 SYS_HOOKS = ("meta_path", "path_hooks", "excepthook", "displayhook", "breakpointhook",
-             "unraisablehook", "audit", "addaudithook", "modules", "_getframe")
+             "unraisablehook", "audit", "addaudithook", "modules", "_getframe", "executable",
+             "_base_executable", "prefix", "exec_prefix", "base_prefix", "base_exec_prefix")
 _audit = sys.audit
 _write = os.write
 _startswith = str.startswith
@@ -595,6 +615,7 @@ class Guard:
         # code's, whatever file they name.
         self.made = set()
         self.integrity = Integrity()
+        self.environ = None  # the startup entries of os.environ as the test left them
         self.alone = False  # the tested code runs in another process (process isolation)
         self.opened_sources = set()  # then: digests of the workspace's .py files read here
         self.test_globals = set()  # addresses of the hidden test modules' namespaces
@@ -649,6 +670,7 @@ class Guard:
         self.integrity.add("builtins", vars(__builtins__) if isinstance(__builtins__, _module)
                            else __builtins__)
         self.integrity.add("sys", vars(sys), SYS_HOOKS)
+        self.environ = _startup_environ(os.environ)
         self.integrity.add_sequence("sys.meta_path", sys.meta_path)
         self.integrity.add_sequence("sys.path_hooks", sys.path_hooks)
         self.sealed_count = len(self.integrity.all[2])  # what existed then (``bound_at_seal``)
@@ -1455,6 +1477,22 @@ class Guard:
     def is_protected(self, path):
         return _startswith(path + "/", self.protected)
 
+    def check_environ(self, event):
+        """Before the test's process starts a program: what decides which code it loads first
+        must be in ``os.environ`` as the test left it. The tested code changing it by
+        ``putenv`` is refused there; one that wrote the mapping's store without it
+        (``os.environ._data``), which a test hands on (``env=dict(os.environ)``) and which
+        ``subprocess`` searches a program's name by, is found here (round fifty-four)."""
+        if self.environ is None:
+            return
+        now = _startup_environ(os.environ)
+        if now != self.environ:
+            changed = sorted(k for k in now.keys() | self.environ.keys()
+                             if now.get(k) != self.environ.get(k))
+            self.flag("environment_changed", f"{', '.join(changed)[:200]} changed in "
+                      f"os.environ without putenv, before {event}", "<the tested code>")
+            self.local.deny = f"{event} with os.environ changed behind putenv"
+
     def check(self, event, args):
         if event == "open":
             path, mode = _text(args[0]), args[1]
@@ -1563,13 +1601,20 @@ class Guard:
                 self.flag("introspection", f"{called}() of a frame not its own", BY_C)
                 self.local.deny = f"{called}() called by a callable that is no function"
         elif event in ("os.putenv", "os.unsetenv"):
-            name = _text(args[0]) if type(args[0]) is not bytes else \
-                bytes.decode(args[0], "utf-8", "replace")
-            if name is None or name in STARTUP_NAMES or _startswith(name, STARTUP_PREFIXES):
+            name = _env_text(args[0])
+            if name is None or _startup_name(name):
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("environment_changed", f"{event} {name}", where)
                     self.local.deny = f"{event} of {name} by the tested code"
+                elif self.environ is not None and name is not None:  # the test's own change
+                    value = _env_text(args[1]) if event == "os.putenv" else None
+                    if value is None:
+                        self.environ.pop(name, None)
+                    else:
+                        self.environ[name] = value
+        elif event in PROGRAM_STARTS:
+            self.check_environ(event)
         elif event in ("os.kill", "os.killpg"):
             if type(args[0]) is int and args[0] in (self.pid, os.getppid(), 0, -1,
                                                     os.getpgid(0)):
@@ -1862,6 +1907,32 @@ def _test_codes(code, found):
                 found.append(const)
             _test_codes(const, found)
     return found
+
+
+def _startup_name(name):
+    return (name in STARTUP_NAMES or _startswith(name, STARTUP_PREFIXES)) and \
+        name not in HARMLESS
+
+
+def _env_text(value):
+    """A name or value as ``os.putenv`` was given it (``os.environ`` hands it bytes)."""
+    if type(value) is bytes:
+        return bytes.decode(value, "utf-8", "surrogateescape")
+    return _text(value)
+
+
+def _startup_environ(environ):
+    """The entries of ``environ`` (``os.environ``) that decide what a program loads first, read
+    from its store, as the test's process would hand them on."""
+    data = getattr(environ, "_data", None)
+    if type(data) is not dict:  # os.environ replaced: the integrity record says so
+        return {}
+    out = {}
+    for key in list(data):
+        name = _env_text(key)
+        if name is not None and _startup_name(name):
+            out[name] = _env_text(data[key])
+    return out
 
 
 def _is_memory(path):

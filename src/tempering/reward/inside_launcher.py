@@ -1357,11 +1357,20 @@ def _frameless_signals(guard_code):
     that raises no audit event; and it can run between two bytecodes of the guard itself,
     where nothing it does is audited. So ``signal.signal`` wraps a callable handler: it is
     called with ``None`` for the frame, and not at all if the signal came while the guard ran
-    (such a signal is dropped)."""
+    (such a signal is dropped).
+
+    ``SIGCHLD`` is never ignored: the kernel would then reap every child itself, and
+    ``subprocess`` reads a child it cannot wait for as exit status 0, so every judge the test
+    started "passed" (red team, round fifty-four); the disposition stays the default (children
+    wait to be reaped), which is all that honest code asking for it loses. The enum values
+    ``signal.SIG_DFL``/``SIG_IGN`` are passed as the ints ``_signal`` takes (the standard
+    ``signal(SIGPIPE, SIG_DFL)`` of a command-line module failed to import; round
+    fifty-four)."""
     import _signal
     import signal as signal_module
 
-    def install(signalnum, handler, _install=_signal.signal, _guard=guard_code):
+    def install(signalnum, handler, _install=_signal.signal, _guard=guard_code,
+                _chld=_signal.SIGCHLD, _ign=_signal.SIG_IGN, _dfl=_signal.SIG_DFL):
         if callable(handler):
             def frameless(signum, frame, _user=handler, _guard=_guard):
                 while frame is not None:
@@ -1370,8 +1379,17 @@ def _frameless_signals(guard_code):
                     frame = frame.f_back
                 return _user(signum, None)
 
-            return _install(signalnum, frameless)
+            return _install(_as_int(signalnum), frameless)
+        signalnum, handler = _as_int(signalnum), _as_int(handler)
+        if signalnum == _chld and handler == _ign:
+            handler = _dfl
         return _install(signalnum, handler)
+
+    def _as_int(value):  # as the standard library's ``signal._enum_to_int``
+        try:
+            return int(value)
+        except (ValueError, TypeError):
+            return value
 
     install.__doc__ = _signal.signal.__doc__
     _signal.signal = signal_module.signal = install

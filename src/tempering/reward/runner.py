@@ -36,7 +36,7 @@ from tempering.reward import canary, inside_compile
 from tempering.reward.kept import Kept
 from tempering.reward.tamper import parents
 from tempering.sandbox import Sandbox
-from tempering.sandbox.base import Command
+from tempering.sandbox.base import BASE_ENV, Command
 from tempering.sandbox.local.zygote import SECCOMP_FILE, ZygoteProgram
 from tempering.sandbox.native import native_library
 from tempering.tasks.files import FileTree
@@ -190,11 +190,13 @@ def launcher_files(names: tuple[str, ...]) -> dict[str, bytes]:
 def zygote_program() -> ZygoteProgram:
     """The grading zygote (``inside_zygote.py``) as the program of a sandbox zygote: it
     imports the launcher once and forks a fresh grading sandbox per grading, each running
-    the plain runner (its interpreter loads ``nestguard`` too)."""
+    the plain runner (its interpreter loads ``nestguard`` too), in the environment every
+    command of a sandbox starts with (a tested module's ``os.environ.setdefault("HOME", ...)``
+    changed nothing under pytest and was a change here; round fifty-four)."""
     return ZygoteProgram(
         ZYGOTE_DIR, launcher_files((*LAUNCHER_FILES, "inside_zygote.py")),
         ("/usr/bin/python3", "-I", "-B", "-c", run_module(ZYGOTE_DIR, "inside_zygote"), "3",
-         f"{ZYGOTE_DIR}/{SECCOMP_FILE}"), nest_env(ZYGOTE_DIR))
+         f"{ZYGOTE_DIR}/{SECCOMP_FILE}"), {**BASE_ENV, **nest_env(ZYGOTE_DIR)})
 
 
 # The isolations with the tested code in a process of its own (``inside_boundary.py``); the

@@ -25,6 +25,9 @@ from tempering.sandbox.spec import ExecResult, SandboxSpec, SandboxUsage
 Sink = Callable[[bytes], None]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_ENV = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "USER": "user",
+            "LOGNAME": "user", "TERM": "dumb"}
+"""What every command in a sandbox starts with (the spec's ``env`` and the command's on top)."""
 
 
 class OutputCapture:
@@ -187,8 +190,7 @@ class Sandbox(abc.ABC):
     # ---- shared behaviour ----
 
     def _command_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        env = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "USER": "user",
-               "LOGNAME": "user", "TERM": "dumb"}
+        env = dict(BASE_ENV)
         env.update(self.spec.env)
         if extra:
             env.update(extra)
