@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from figures import Figure, Section, console, percentile, report, run_benchmark
 
 from tempering.errors import SandboxUnavailableError
-from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, local, open_sandbox
+from tempering.sandbox import ExecResult, Sandbox, SandboxSpec, create_sandbox, open_sandbox
 from tempering.sandbox.base import DEFAULT_PATH
-from tempering.sandbox.host import storage_for, volumes
+from tempering.sandbox.host import host, storage_for, volumes
 
 PIPE = asyncio.subprocess.PIPE
 MiB = 1 << 20
@@ -394,12 +394,12 @@ def ours(pid: int, ppid: int, session: int, uid: int) -> bool:
     """Whether a process belongs to this process's sandboxes: a bubblewrap we started, one of
     a sandbox uid left in our session (a bubblewrap orphaned mid-start), or anything in our
     sandbox cgroups. Other jobs on the host may run sandboxes too; theirs do not count."""
-    uids = local.host().uids
+    uids = host().uids
     if ppid == os.getpid() or (uids.first <= uid <= uids.last and session == os.getsid(0)):
         return True
     try:
         with open(f"/proc/{pid}/cgroup") as f:
-            return f"/tempering/{local.host().tag}/" in f.read()
+            return f"/tempering/{host().tag}/" in f.read()
     except OSError:
         return False
 
@@ -407,7 +407,7 @@ def ours(pid: int, ppid: int, session: int, uid: int) -> bool:
 def charged_bytes() -> int:
     """Memory charged to our sandbox cgroups, plus the PSS of the bubblewrap processes above
     them (they stay in our own cgroup): a per-sandbox figure that other jobs cannot disturb."""
-    h = local.host()
+    h = host()
     owner = h.hierarchy.owner_dirs(h.tag)
     usage = (owner["memory"] / "memory.usage_in_bytes" if h.hierarchy.version == 1
              else owner[""] / "memory.current")
@@ -425,7 +425,7 @@ def charged_bytes() -> int:
 
 def snapshot() -> dict[str, int]:
     """What an open/close cycle must give back, counted now."""
-    h = local.host()
+    h = host()
     processes = user_processes()
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
@@ -602,7 +602,7 @@ SECTIONS: dict[str, Callable[[Scale, argparse.Namespace], Awaitable[list[Figure]
 # ---- running and reporting ----
 
 def machine() -> dict[str, object]:
-    h = local.host()
+    h = host()
     return {"kernel": platform.release(), "cpus": len(os.sched_getaffinity(0)),
             "memory_gib": round(meminfo("MemTotal") / (1 << 30), 1),
             "python": platform.python_version(), "cgroup": f"v{h.hierarchy.version}",
