@@ -113,12 +113,19 @@ STARTUP_NAMES = frozenset({
     "PATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "ZDOTDIR", "CDPATH",
     "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "CLASSPATH", "MFLAGS", "GNUMAKEFLAGS",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "TCLLIBPATH", "TERMINFO", "TERMINFO_DIRS", "INPUTRC",
+    # a shell's and a compiler's (round fifty-five: ``TMOUT`` timed out a judge script's every
+    # ``read``; ``C_INCLUDE_PATH`` gave gcc an ``assert.h`` whose assert does nothing; make's
+    # ``.SHELLFLAGS`` ran every recipe as ``sh -c true``)
+    "TMOUT", "IFS", "PS4", "GLOBIGNORE", "FIGNORE", "CC", "CXX", "CPP", "LD", "AS", "AR",
+    "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDLIBS", "CPATH", "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", "LIBRARY_PATH", "COMPILER_PATH",
+    "GCC_EXEC_PREFIX", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES", "SHELL", ".SHELLFLAGS",
 })
 HARMLESS = frozenset({
     "GIT_TERMINAL_PROMPT", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE",
     "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE", "PYTHONUNBUFFERED",
     "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONUTF8", "PYTHONHASHSEED",
-    "PYTHONWARNINGS",  # a category it names is imported from the judge's own path only
+    "GIT_PYTHON_REFRESH", "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_NO_INPUT",
 })
 # Standard-library modules that read frames for honest reasons of their own (a logger's caller,
 # a namedtuple's or TypeVar's module, an exception's traceback to format it): a frame event
@@ -776,8 +783,16 @@ class Guard:
                 tb = exc.__traceback__
                 while tb.tb_next is not None:
                     tb = tb.tb_next
-                self.flag("guard_error", f"{_text(event) or '?'}: {type(exc).__name__} at "
-                          f"line {tb.tb_lineno} of the guard", "the guard")
+                what = (f"{_text(event) or '?'}: {type(exc).__name__} at line {tb.tb_lineno} "
+                        "of the guard")
+                thread = self.thread()
+                if thread is None:
+                    self.flag("guard_error", what, "the guard")
+                else:  # a thread of the tested code's (one with no Python frame to walk:
+                    # ``_thread.start_new_thread(os.putenv, ...)``): refused, not noted
+                    # (red team, round fifty-five)
+                    self.flag("unjudged", what, thread)
+                    self.local.deny = f"{_text(event) or '?'} on a thread the guard cannot judge"
             except Exception:
                 pass
         finally:
@@ -1602,13 +1617,16 @@ class Guard:
                 self.local.deny = f"{called}() called by a callable that is no function"
         elif event in ("os.putenv", "os.unsetenv"):
             name = _env_text(args[0])
-            if name is None or _startup_name(name):
+            value = _env_text(args[1]) if event == "os.putenv" else None
+            if name is not None and self.environ is not None and \
+                    self.environ.get(name) == value and type(args[0]) in (str, bytes):
+                pass  # a change that changes nothing (PATH set to itself, an unset name unset)
+            elif name is None or _startup_name(name):
                 where = self.caller(self.library)
                 if where is not None:
                     self.flag("environment_changed", f"{event} {name}", where)
                     self.local.deny = f"{event} of {name} by the tested code"
                 elif self.environ is not None and name is not None:  # the test's own change
-                    value = _env_text(args[1]) if event == "os.putenv" else None
                     if value is None:
                         self.environ.pop(name, None)
                     else:
@@ -1909,6 +1927,9 @@ def _test_codes(code, found):
     return found
 
 
+_ENVIRON = type(os.environ)  # os._Environ, taken when the guard is loaded
+
+
 def _startup_name(name):
     return (name in STARTUP_NAMES or _startswith(name, STARTUP_PREFIXES)) and \
         name not in HARMLESS
@@ -1923,15 +1944,22 @@ def _env_text(value):
 
 def _startup_environ(environ):
     """The entries of ``environ`` (``os.environ``) that decide what a program loads first, read
-    from its store, as the test's process would hand them on."""
-    data = getattr(environ, "_data", None)
-    if type(data) is not dict:  # os.environ replaced: the integrity record says so
-        return {}
+    from its store, as the test's process would hand them on. The mapping must be the ``os``
+    module's own kind, its store a dict of plain bytes: anything else (its class swapped, a key
+    of a ``bytes`` subclass that reads as another name; round fifty-five) is a change in
+    itself, recorded under ``"?"``."""
+    data = object.__getattribute__(environ, "__dict__").get("_data") \
+        if type(environ) is _ENVIRON else None
+    if type(data) is not dict:
+        return {"?": f"os.environ is a {type(environ).__name__}"}
     out = {}
-    for key in list(data):
+    for key, value in list(data.items()):
+        if type(key) is not bytes or type(value) is not bytes:
+            out["?"] = "an entry of os.environ that is no plain bytes"
+            continue
         name = _env_text(key)
         if name is not None and _startup_name(name):
-            out[name] = _env_text(data[key])
+            out[name] = _env_text(value)
     return out
 
 

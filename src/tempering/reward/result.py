@@ -28,6 +28,8 @@ TAMPER: dict[str, str] = {
     "kills_test_process": "the tested code signalled the test process",
     "environment_changed": "the tested code changed what the test process's later programs "
                            "load at start (LD_PRELOAD, PATH, PYTHONPATH, BASH_ENV, HOME...)",
+    "unjudged": "an event on a thread of the tested code that the guard could not judge "
+                "(a thread with no Python frame): refused",
     "early_exit": "the test process exited with status 0 before its tests finished",
     "tests_skipped": "tests were skipped or xfailed by the tested code",
     "test_count_mismatch": "the number of tests collected differs from the number expected",
