@@ -441,3 +441,29 @@ async def test_no_shell_for_want_of_processes_is_an_observation(task, grader) ->
     seen = traj.steps[1].observation
     assert any(said in seen for said in ("no shell could start", "fork",
                                          "cannot start process")), seen
+
+
+async def test_an_episode_cancelled_while_its_task_prepares_gives_its_sandbox_back(
+        tmp_path: Path) -> None:
+    """Cancelled during the task's setup step (here one that never ends), the episode never
+    reaches the point where its caller would release its sandbox: it releases it itself."""
+    from polling import until
+    from tempering.sandbox import SandboxPool
+
+    root = tmp_path / "slow-setup"
+    (root / "workspace").mkdir(parents=True)
+    (root / "workspace" / "m.py").write_text("X = 1\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_m.py").write_text("from m import X\n\ndef test_x():\n    assert X\n")
+    (root / "instruction.md").write_text("Keep X.\n")
+    (root / "task.toml").write_text('[task]\nid = "slow-setup"\n\n[setup]\ncommand = "sleep 60"\n')
+    task = load_task(root)
+    async with SandboxPool(max_instances=2) as pool:
+        playing = asyncio.create_task(run_episode(
+            task, ScriptedPolicy([("submit", {})]), pool=pool))
+        await until(lambda: pool.stats().active == 1, timeout=60)
+        await asyncio.sleep(0.5)  # the setup step is running now
+        playing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await playing
+        assert pool.stats().active == 0

@@ -56,7 +56,7 @@ async def episode_job(ctx: JobContext, task: TaskRef, policy: PolicyRef, *,
         episode, sandbox = await start_episode(
             the_task, _policy(policy),
             root.sandbox() if root is not None else open_sandbox(the_task.sandbox),
-            prepared=root is not None, config=config, grader=grader,
+            release=_close, prepared=root is not None, config=config, grader=grader,
             recorder=_recorder(recorder), run_id=run_id, group_id=group_id,
             sample_index=sample_index)  # one that did not start has its ending: finished below
     else:
@@ -80,6 +80,10 @@ async def episode_job(ctx: JobContext, task: TaskRef, policy: PolicyRef, *,
         if sandbox is not None:
             await quietly(episode.close())  # the trajectory is recorded already
             await quietly(sandbox.close())
+
+
+async def _close(sandbox: Sandbox) -> None:
+    await quietly(sandbox.close())
 
 
 def _policy(ref: PolicyRef) -> Policy:

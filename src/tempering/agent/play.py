@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tempering.agent.episode import Ending, Episode, EpisodeConfig
@@ -37,12 +37,18 @@ async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | Non
     fresh one from ``task.sandbox`` (closed).
     """
     trajectory_id = trajectory_id or new_id()
+
+    async def release(opened: Sandbox) -> None:  # what this call opened, it gives back
+        if sandbox is None:
+            await quietly(pool.release(trajectory_id) if pool is not None else opened.close())
+
     opening = (_given(sandbox) if sandbox is not None else
                pool.allocate(trajectory_id, task.sandbox, timeout=None) if pool is not None else
                open_sandbox(task.sandbox))
     episode, opened = await start_episode(
-        task, policy, opening, config=config, grader=grader, recorder=recorder, run_id=run_id,
-        group_id=group_id, sample_index=sample_index, trajectory_id=trajectory_id)
+        task, policy, opening, release=release, config=config, grader=grader,
+        recorder=recorder, run_id=run_id, group_id=group_id, sample_index=sample_index,
+        trajectory_id=trajectory_id)
     try:
         if episode.ending is None:
             try:
@@ -53,17 +59,19 @@ async def run_episode(task: Task, policy: Policy, *, config: EpisodeConfig | Non
         return await episode.finish()
     finally:
         await quietly(episode.close())
-        if opened is not None and sandbox is None:
-            await quietly(pool.release(trajectory_id) if pool is not None else opened.close())
+        if opened is not None:
+            await release(opened)
 
 
 async def start_episode(task: Task, policy: Policy, opening: Awaitable[Sandbox], *,
-                        prepared: bool = False, **episode: Any) -> tuple[Episode, Sandbox | None]:
+                        release: Callable[[Sandbox], Awaitable[None]], prepared: bool = False,
+                        **episode: Any) -> tuple[Episode, Sandbox | None]:
     """An ``Episode`` of ``task`` (``episode``: its other arguments), begun in the sandbox that
     ``opening`` gives, with the task's ``prepare`` run there unless ``prepared`` (a fork of a
     prepared sandbox). A sandbox that does not open or prepare ends the episode at once as an
     ``infra_error``, recorded by its ``finish`` like any other: a failure is data. Returns the
-    episode and the sandbox that opened (the caller's to close), if one did."""
+    episode and the sandbox that opened (the caller's to ``release``), if one did; cancelled
+    while it prepares, it releases the sandbox itself, since the caller never gets it."""
     try:
         sandbox = await opening
     except Exception as exc:  # noqa: BLE001 - a sandbox that will not start is data too
@@ -78,6 +86,9 @@ async def start_episode(task: Task, policy: Policy, opening: Awaitable[Sandbox],
             await task.prepare(sandbox)
         except Exception as exc:  # noqa: BLE001
             started.ending = Ending.failed(exc, where="sandbox: ")
+        except BaseException:
+            await asyncio.shield(release(sandbox))
+            raise
     return started, sandbox
 
 
