@@ -5,6 +5,7 @@ the stock closes every sandbox it still holds."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -22,14 +23,19 @@ class Started:
     sb: Sandbox
 
 
-async def test_take_hands_out_what_fill_started_and_tops_the_stock_up() -> None:
-    made: list[Sandbox] = []
-
+def _maker(made: list[Sandbox]) -> Callable[[], Awaitable[Started]]:
+    """What a stock is handed to start one: a fresh sandbox, remembered in ``made``."""
     async def make() -> Started:
         sb = await create_sandbox(SandboxSpec())
         made.append(sb)
         return Started(sb)
 
+    return make
+
+
+async def test_take_hands_out_what_fill_started_and_tops_the_stock_up() -> None:
+    made: list[Sandbox] = []
+    make = _maker(made)
     stock: Stock[Started] = Stock(2)
     try:
         stock.fill("k", make)
@@ -67,12 +73,7 @@ async def test_a_failed_start_is_dropped_and_the_next_take_meets_it() -> None:
 
 async def test_with_no_warm_stock_take_makes_one_now() -> None:
     made: list[Sandbox] = []
-
-    async def make() -> Started:
-        sb = await create_sandbox(SandboxSpec())
-        made.append(sb)
-        return Started(sb)
-
+    make = _maker(made)
     stock: Stock[Started] = Stock(0)
     stock.fill("k", make)
     got = await stock.take("k", make)
