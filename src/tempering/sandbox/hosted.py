@@ -159,6 +159,16 @@ class InitSandbox(HostFileSandbox):
             raise
         return sb
 
+    def _closing(self) -> bool:
+        """Mark the sandbox closed and close its channel to the init, for ``close``; False
+        if it was closed already (then ``close`` does nothing more)."""
+        if self._closed:
+            return False
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close("sandbox closed")
+        return True
+
     @property
     def closed(self) -> bool:
         return self._closed or self._dead is not None

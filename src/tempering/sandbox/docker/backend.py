@@ -312,12 +312,9 @@ class DockerSandbox(InitSandbox):
         return "no output"
 
     async def close(self) -> None:
-        if self._closed:
+        if not self._closing():
             return
-        self._closed = True
         _live.discard(self)
-        if self._channel is not None:
-            self._channel.close("sandbox closed")
         removed = self._container is None
         if self._container is not None:
             with contextlib.suppress(SandboxError):

@@ -279,12 +279,9 @@ class LocalSandbox(InitSandbox):
         return text
 
     async def close(self) -> None:
-        if self._closed:
+        if not self._closing():
             return
-        self._closed = True
         _live.discard(self)
-        if self._channel is not None:
-            self._channel.close("sandbox closed")
         if self._bwrap_exit is not None:
             await _wait_exit(self._bwrap_exit, self._bwrap_pid, self._init_pid)
         if self._stack is not None:  # after the sandbox: it has nothing left to carry
