@@ -29,6 +29,7 @@ from tempering.policy.base import GenerateRequest, Message, SamplingParams  # no
 from tempering.policy.local import LocalEngine  # noqa: E402
 from tempering.reward.result import RewardResult  # noqa: E402
 from tempering.train import Learner, LearnerConfig, Sample, StepStats  # noqa: E402
+from tempering.train.metrics import learner_figures  # noqa: E402
 from tempering.train.samples import group_advantages, samples_from  # noqa: E402
 from tempering.trajectory.schema import Step, Trajectory  # noqa: E402
 
@@ -304,7 +305,7 @@ def test_a_killed_learner_resumes_from_its_last_checkpoint(tiny_model_dir: Path,
     ("lr", 0.0), ("betas", (0.9, 1.0)), ("clip_eps", 1.5), ("clip_eps_high", -0.1),
     ("is_cap", 0.5), ("kl_coef", -1.0), ("temperature", 0.0), ("micro_batch_tokens", 0),
     ("mini_batches", 0), ("loss_agg", "sum"), ("dtype", "float16"), ("max_grad_norm", 0.0),
-    ("lr_schedule", "cosine")])
+    ("lr_schedule", "cosine"), ("max_kl", 0.0)])
 def test_bad_config_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValidationError, match=field):
         LearnerConfig(**{field: value})  # type: ignore[arg-type]
@@ -364,6 +365,52 @@ def test_epochs_pass_over_the_batch_again_against_one_prox(tiny_model_dir: Path)
     assert stats.by_staleness and all(row["behav_kl"] < 1e-4
                                       for row in stats.by_staleness.values())
     assert stats.entropy > 0
+
+
+def _vocab_kl(p: Learner, q: Learner, samples: list[Sample]) -> float:
+    """KL(π_p ‖ π_q) over the whole vocabulary, a mean over the trained tokens, from the two
+    models' logits one sample at a time (an independent check of ``Learner._step_kl``)."""
+    total = count = 0.0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.ids])
+            log_p = torch.log_softmax(p.model(input_ids=ids).logits[0, :-1].float(), -1)
+            log_q = torch.log_softmax(q.model(input_ids=ids).logits[0, :-1].float(), -1)
+            trained = torch.tensor(s.loss_mask[1:], dtype=torch.bool)  # position t predicts t + 1
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            total += kl[trained].sum().item()
+            count += trained.sum().item()
+    return total / count
+
+
+def test_max_kl_pulls_a_step_back_into_its_trust_region(tiny_model_dir: Path) -> None:
+    """A step whose exact KL passes ``max_kl`` is pulled back along its own direction until
+    it is within, and reports that KL; a bound the step stays within changes nothing."""
+    before = Learner(tiny_model_dir)
+    free = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4))
+    stats = free.step(batch(0))
+    assert stats.step_kl is None and stats.step_scale == 1.0
+    assert "step_kl" not in learner_figures(stats)
+    far = _vocab_kl(before, free, batch(0))
+    assert far > 0
+
+    bounded = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, max_kl=far / 10))
+    stats = bounded.step(batch(0))
+    assert 0 < stats.step_scale < 1 and stats.step_kl is not None
+    assert stats.step_kl <= far / 10
+    assert _vocab_kl(before, bounded, batch(0)) == pytest.approx(stats.step_kl, rel=1e-3)
+    assert learner_figures(stats)["step_scale"] == stats.step_scale
+    # the same direction as the free step, a part of its length
+    start, end = before.model.state_dict(), free.model.state_dict()
+    for name, value in bounded.model.state_dict().items():
+        expected = start[name] + stats.step_scale * (end[name] - start[name])
+        assert torch.allclose(value, expected, atol=1e-6), name
+
+    loose = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, max_kl=far * 10))
+    stats = loose.step(batch(0))
+    assert stats.step_scale == 1.0 and stats.step_kl == pytest.approx(far, rel=1e-3)
+    for name, value in loose.model.state_dict().items():
+        assert torch.equal(value, end[name]), name
 
 
 def test_target_kl_ends_the_step_and_lowers_the_rate(tiny_model_dir: Path) -> None:

@@ -133,6 +133,13 @@ class LearnerConfig(BaseModel):
     policy already over 1.5x it is not applied and ends the step, and after a step whose
     largest KL was over 2x it the learning rate is divided by 1.5; under half of it, multiplied
     by 1.5 again (never above ``lr``, never below ``lr / 100``). None: neither."""
+    max_kl: float | None = Field(default=None, gt=0)
+    """A trust region on each step: after its passes, the exact KL(π_prox ‖ π_θ) over the whole
+    vocabulary, a mean over the trained tokens, is measured; past this, the update is pulled
+    back along its own direction (π_prox's weights + α x the step, α halved up to
+    ``MAX_HALVINGS`` times, then 0: no move) until it is within. Adam's moments keep the whole
+    step's gradients. Costs two forward passes a look (and host-side nothing: the weights
+    before the step are kept on the device, one copy of the model). None: no bound."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -167,6 +174,12 @@ class StepStats:
     approx_kl_max: float
     """The largest of the passes' ``approx_kl``: how far the step had gone at its last look
     (0 with one pass, which is taken at π_prox)."""
+    step_kl: float | None
+    """With ``max_kl``: the exact KL(π_prox ‖ π_θ) over the vocabulary of the step applied (after
+    any pull-back), a mean over trained tokens; None without it."""
+    step_scale: float
+    """The share of the step's move that was applied: 1, or less where ``max_kl`` pulled it
+    back (0: none of it)."""
     passes: int
     """Optimizer steps applied: ``epochs x mini_batches``, fewer where ``target_kl`` ended the
     step early."""
@@ -300,6 +313,8 @@ class Learner:
         micro = passes = looked = 0
         lr = self.lr_at(self.version)
         pass_kls: list[torch.Tensor] = []  # on the device: read with the step's figures
+        start = ({name: p.detach().clone() for name, p in self.model.named_parameters()}
+                 if cfg.max_kl is not None else None)
         for n, mini in enumerate(minis):
             self.optimizer.zero_grad(set_to_none=True)
             chosen = [samples[i] for i in mini]
@@ -357,6 +372,10 @@ class Learner:
                 log.warning("gradient norm %s at version %d: update skipped", norm.item(),
                             self.version)
             grad_norms.append(norm)
+        step_kl: float | None = None
+        step_scale = 1.0
+        if start is not None and cfg.max_kl is not None and passes:
+            step_kl, step_scale = self._trust_region(samples, start, cfg.max_kl)
         tokens = sum(s.tokens for s in samples)
         keys = ["clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_truncated_frac",
                 "kl"]
@@ -377,7 +396,8 @@ class Learner:
         self.version += 1
         return StepStats(
             version=self.version, loss=loss, pg_loss=pg_loss, kl=kl, clip_frac=clip_frac,
-            ratio_mean=ratio_mean, approx_kl=approx_kl, approx_kl_max=kl_max, passes=passes,
+            ratio_mean=ratio_mean, approx_kl=approx_kl, approx_kl_max=kl_max,
+            step_kl=step_kl, step_scale=step_scale, passes=passes,
             lr=lr, is_weight_mean=is_w,
             is_truncated_frac=is_trunc, is_weight_max=is_max, behav_kl=overall["behav_kl"],
             entropy=overall["entropy"], by_staleness=by_age, grad_norm=grad_norm,
@@ -385,6 +405,65 @@ class Learner:
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
             staleness_mean=sum(ages) / len(ages), staleness_max=max(ages),
             seconds=time.perf_counter() - started)
+
+    MAX_HALVINGS = 8
+    """``max_kl``: how many times a step is halved before it is not applied at all."""
+
+    def _trust_region(self, samples: Sequence[Sample], start: dict[str, torch.Tensor],
+                      max_kl: float) -> tuple[float, float]:
+        """Pull the step back towards ``start`` (the weights before it) until its exact KL is
+        at most ``max_kl``; returns (that KL, the share of the step kept)."""
+        import torch
+
+        kl = self._step_kl(samples, start)
+        if kl <= max_kl:
+            return kl, 1.0
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            moved = {name: p.detach() - start[name] for name, p in params.items()}
+            scale = 1.0
+            for _ in range(self.MAX_HALVINGS):
+                scale /= 2
+                for name, p in params.items():
+                    torch.add(start[name], moved[name], alpha=scale, out=p.data)
+                kl = self._step_kl(samples, start)
+                if kl <= max_kl:
+                    return kl, scale
+            for name, p in params.items():
+                p.data.copy_(start[name])
+        log.info("step %d: even 1/%d of the update passed max_kl %g (KL %.3g): not applied",
+                 self.version + 1, 2 ** self.MAX_HALVINGS, max_kl, kl)
+        return 0.0, 0.0
+
+    def _step_kl(self, samples: Sequence[Sample], start: dict[str, torch.Tensor]) -> float:
+        """The exact KL(π_start ‖ π_θ) over the vocabulary, mean over the trained tokens:
+        π_start is the model with the weights ``start``, π_θ with its own."""
+        import torch
+        from torch.func import functional_call
+
+        from tempering.train.losses import vocab_kl
+
+        total = torch.zeros(2, device=self.device)  # (KL summed over tokens, tokens)
+        with torch.no_grad():
+            for group in pack([len(s.ids) for s in samples], self.config.micro_batch_tokens):
+                batch = collate([samples[i] for i in group], self.device)
+                keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)  # positions predicting
+                if not len(keep):
+                    continue
+                select = self._logits_to_keep and len(keep) < batch.ids.shape[1] - 1
+                inputs = {"input_ids": batch.ids, "attention_mask": batch.attention,
+                          "use_cache": False, **({"logits_to_keep": keep} if select else {})}
+                with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                    enabled=self.config.dtype == "bfloat16"):
+                    before = functional_call(self.model, start, args=(), kwargs=inputs).logits
+                    after = self.model(**inputs).logits
+                if not select:
+                    before, after = before[:, keep], after[:, keep]
+                mask = batch.mask[:, keep + 1]  # (B, K): the tokens these positions predict
+                kl = vocab_kl(before, after, self.config.temperature)
+                total += torch.stack([torch.where(mask, kl, 0.0).sum(), mask.sum()])
+        kl_sum, count = (float(v) for v in total.tolist())
+        return kl_sum / max(1.0, count)
 
     def lr_at(self, version: int) -> float:
         """The learning rate of the step that makes version ``version + 1``."""

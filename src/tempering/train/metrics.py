@@ -169,6 +169,8 @@ def learner_figures(stats: StepStats) -> dict[str, float]:
         "is_weight_max": rounded(stats.is_weight_max),
         "is_truncated_frac": rounded(stats.is_truncated_frac),
         "approx_kl": rounded(stats.approx_kl), "approx_kl_max": rounded(stats.approx_kl_max),
+        **({} if stats.step_kl is None else {"step_kl": rounded(stats.step_kl),
+                                             "step_scale": rounded(stats.step_scale)}),
         "passes": stats.passes, "ratio_mean": rounded(stats.ratio_mean),
         "behav_kl": rounded(stats.behav_kl), "entropy": rounded(stats.entropy), **by_age,
         "lr": rounded(stats.lr),
