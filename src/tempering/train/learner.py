@@ -138,8 +138,8 @@ class LearnerConfig(BaseModel):
     vocabulary, a mean over the trained tokens, is measured; past this, the update is pulled
     back along its own direction (π_prox's weights + α x the step, α halved up to
     ``MAX_HALVINGS`` times, then 0: no move) until it is within. Adam's moments keep the whole
-    step's gradients. Costs two forward passes a look (and host-side nothing: the weights
-    before the step are kept on the device, one copy of the model). None: no bound."""
+    step's gradients. Costs two forward passes a look, and device memory: a copy of the
+    weights before the step, and a second while a step is pulled back. None: no bound."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
