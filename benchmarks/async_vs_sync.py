@@ -29,8 +29,9 @@ runs use a quarter, 1.25e-4 (a 24-step async run: 0.89 by step 15 and 0.87-0.94 
   that keeps this learner busy: at 2 the admission control held the producer back (learner
   idle 22% over 20 steps), at 4 the samples were so stale that async learned about half as
   much per step (two of three runs never reached R*); 3 kept it busy (idle 1.8%) and learning
-  (0.84 by step 10). Over three seeds (``--seeds 3 --staleness 3,4``, docs/training.md) both
-  bounds reached R* in every seed and 4 was the sooner in each.
+  (0.84 by step 10). Over three seeds (``--seeds 3 --staleness 3,4``, docs/training.md, every
+  run) both bounds have reached R* in every seed in most runs; one run had a seed collapse at
+  bound 3 after steps that moved the policy far, which ``--set learner.max_kl=0.01`` bounds.
 
 Seeds (``--seeds N``): seed s (0 .. N-1) sets ``seed`` and ``model.tiny.seed``, so each seed
 has its own tiny model and warm-up (each built once, ~3 min, then cached); sampling is not
