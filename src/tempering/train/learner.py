@@ -12,6 +12,9 @@
    mini-batch's token (or sequence) count, so the accumulated gradient is that of one big batch.
 3. ``decoupled_ppo_loss`` (+ ``kl_coef`` x ``kl_k2`` to a frozen reference), backward, clip the
    gradient norm, one AdamW step. ``version`` goes up by one per ``step``.
+4. With ``max_kl``, a trust region: the step's exact KL(π_prox ‖ π_θ) over the vocabulary is
+   measured after its passes, and the update is pulled back along its own direction (halved)
+   until it is within the bound.
 
 Weights and optimizer state stay in float32 (``dtype="bfloat16"`` autocasts the forward pass
 only): an update of lr 1e-6 is below bfloat16's resolution for most weights and would vanish.
