@@ -367,15 +367,16 @@ def test_epochs_pass_over_the_batch_again_against_one_prox(tiny_model_dir: Path)
     assert stats.entropy > 0
 
 
-def _vocab_kl(p: Learner, q: Learner, samples: list[Sample]) -> float:
+def _vocab_kl(p: Learner, q: Learner, samples: list[Sample],
+              temperature: float = 1.0) -> float:
     """KL(π_p ‖ π_q) over the whole vocabulary, a mean over the trained tokens, from the two
     models' logits one sample at a time (an independent check of ``Learner._step_kl``)."""
     total = count = 0.0
     with torch.no_grad():
         for s in samples:
             ids = torch.tensor([s.ids])
-            log_p = torch.log_softmax(p.model(input_ids=ids).logits[0, :-1].float(), -1)
-            log_q = torch.log_softmax(q.model(input_ids=ids).logits[0, :-1].float(), -1)
+            log_p = torch.log_softmax(p.model(input_ids=ids).logits[0, :-1] / temperature, -1)
+            log_q = torch.log_softmax(q.model(input_ids=ids).logits[0, :-1] / temperature, -1)
             trained = torch.tensor(s.loss_mask[1:], dtype=torch.bool)  # position t predicts t + 1
             kl = (log_p.exp() * (log_p - log_q)).sum(-1)
             total += kl[trained].sum().item()
@@ -383,34 +384,75 @@ def _vocab_kl(p: Learner, q: Learner, samples: list[Sample]) -> float:
     return total / count
 
 
+def _mixed(version: int) -> list[Sample]:
+    """``batch(version)`` and a shorter sample that trains other tokens: rows of one
+    micro-batch padded, with masks that differ, which together train every column (so the
+    logits of all positions are computed, then sliced: ``batch`` alone asks for its own)."""
+    short = Sample((5, 17, 300, 42, 9, 1000, 77, 3, 11, 250), (0,) + (1,) * 9,
+                   (0.0,) + (float("nan"),) * 9, (-1,) + (version,) * 9, -1.0, "short")
+    return [*batch(version), short]
+
+
+def _at(tiny_model_dir: Path, start: dict[str, torch.Tensor], end: dict[str, torch.Tensor],
+        scale: float) -> Learner:
+    """A learner whose weights are ``start + scale x (end - start)``."""
+    probe = Learner(tiny_model_dir)
+    probe.model.load_state_dict({k: start[k] + scale * (end[k] - start[k]) for k in start})
+    return probe
+
+
 def test_max_kl_pulls_a_step_back_into_its_trust_region(tiny_model_dir: Path) -> None:
-    """A step whose exact KL passes ``max_kl`` is pulled back along its own direction until
-    it is within, and reports that KL; a bound the step stays within changes nothing."""
+    """A step whose exact KL passes ``max_kl`` is pulled back along its own direction, to the
+    first halving that is within it, and reports that KL; a bound the step stays within
+    changes nothing; one no halving meets leaves the weights as they were."""
+    samples = _mixed(0)
     before = Learner(tiny_model_dir)
     free = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4))
-    stats = free.step(batch(0))
+    stats = free.step(samples)
     assert stats.step_kl is None and stats.step_scale == 1.0
     assert "step_kl" not in learner_figures(stats)
-    far = _vocab_kl(before, free, batch(0))
+    far = _vocab_kl(before, free, samples)
     assert far > 0
+    start, end = before.model.state_dict(), free.model.state_dict()
 
     bounded = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, max_kl=far / 10))
-    stats = bounded.step(batch(0))
+    stats = bounded.step(samples)
     assert 0 < stats.step_scale < 1 and stats.step_kl is not None
     assert stats.step_kl <= far / 10
-    assert _vocab_kl(before, bounded, batch(0)) == pytest.approx(stats.step_kl, rel=1e-3)
+    assert _vocab_kl(before, bounded, samples) == pytest.approx(stats.step_kl, rel=1e-3)
     assert learner_figures(stats)["step_scale"] == stats.step_scale
-    # the same direction as the free step, a part of its length
-    start, end = before.model.state_dict(), free.model.state_dict()
-    for name, value in bounded.model.state_dict().items():
+    # the first halving within the bound: twice as far was past it
+    assert _vocab_kl(before, _at(tiny_model_dir, start, end, 2 * stats.step_scale),
+                     samples) > far / 10
+    for name, value in bounded.model.state_dict().items():  # along the free step's line
         expected = start[name] + stats.step_scale * (end[name] - start[name])
         assert torch.allclose(value, expected, atol=1e-6), name
 
     loose = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, max_kl=far * 10))
-    stats = loose.step(batch(0))
+    stats = loose.step(samples)
     assert stats.step_scale == 1.0 and stats.step_kl == pytest.approx(far, rel=1e-3)
     for name, value in loose.model.state_dict().items():
         assert torch.equal(value, end[name]), name
+
+    tight = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=4, max_kl=1e-30))
+    stats = tight.step(samples)
+    assert stats.step_scale == 0.0 and stats.step_kl == 0.0 and tight.version == 1
+    for name, value in tight.model.state_dict().items():
+        assert torch.equal(value, start[name]), name
+
+
+def test_max_kl_measures_at_the_sampling_temperature(tiny_model_dir: Path) -> None:
+    """The KL bounded is that of the tempered policies the engine samples from."""
+    samples = batch(1)
+    before = Learner(tiny_model_dir, LearnerConfig(temperature=0.5))
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-2, epochs=2, temperature=0.5,
+                                                    max_kl=1e9))
+    stats = learner.step(samples)
+    assert stats.step_scale == 1.0 and stats.step_kl is not None
+    untempered = _vocab_kl(before, learner, samples)
+    tempered = _vocab_kl(before, learner, samples, temperature=0.5)
+    assert stats.step_kl == pytest.approx(tempered, rel=1e-3)
+    assert tempered != pytest.approx(untempered, rel=1e-2)
 
 
 def test_target_kl_ends_the_step_and_lowers_the_rate(tiny_model_dir: Path) -> None:

@@ -60,6 +60,7 @@ from tempering.train.samples import (
     pack,
     samples_from,
 )
+from tempering.train.trust_region import pull_back
 from tempering.trajectory.schema import Trajectory
 
 if TYPE_CHECKING:
@@ -139,10 +140,10 @@ class LearnerConfig(BaseModel):
     max_kl: float | None = Field(default=None, gt=0)
     """A trust region on each step: after its passes, the exact KL(π_prox ‖ π_θ) over the whole
     vocabulary, a mean over the trained tokens, is measured; past this, the update is pulled
-    back along its own direction (π_prox's weights + α x the step, α halved up to
-    ``MAX_HALVINGS`` times, then 0: no move) until it is within. Adam's moments keep the whole
-    step's gradients. Costs two forward passes a look, and device memory: a copy of the
-    weights before the step, and a second while a step is pulled back. None: no bound."""
+    back along its own direction (π_prox's weights + α x the step, α halved up to 8 times,
+    then 0: no move) until it is within (``trust_region.py``). Adam's moments keep the whole
+    step's gradients. Costs two forward passes a look, and device memory for a copy of the
+    weights before the step. None: no bound."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Raise the learning rate linearly over the first this many steps (versions), from
     ``lr / lr_warmup_steps`` to ``lr``: Adam's first updates are full-size steps in the sign
@@ -179,7 +180,8 @@ class StepStats:
     (0 with one pass, which is taken at π_prox)."""
     step_kl: float | None
     """With ``max_kl``: the exact KL(π_prox ‖ π_θ) over the vocabulary of the step applied (after
-    any pull-back), a mean over trained tokens; None without it."""
+    any pull-back), a mean over trained tokens (0 where no update was applied); None without
+    it."""
     step_scale: float
     """The share of the step's move that was applied: 1, or less where ``max_kl`` pulled it
     back (0: none of it)."""
@@ -377,8 +379,11 @@ class Learner:
             grad_norms.append(norm)
         step_kl: float | None = None
         step_scale = 1.0
-        if start is not None and cfg.max_kl is not None and passes:
-            step_kl, step_scale = self._trust_region(samples, start, cfg.max_kl)
+        if start is not None and cfg.max_kl is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # the passes are done: free their grads
+            step_kl, step_scale = pull_back(
+                dict(self.model.named_parameters()), start,
+                lambda: self._step_kl(samples, start), cfg.max_kl) if passes else (0.0, 1.0)
         tokens = sum(s.tokens for s in samples)
         keys = ["clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_truncated_frac",
                 "kl"]
@@ -409,51 +414,21 @@ class Learner:
             staleness_mean=sum(ages) / len(ages), staleness_max=max(ages),
             seconds=time.perf_counter() - started)
 
-    MAX_HALVINGS = 8
-    """``max_kl``: how many times a step is halved before it is not applied at all."""
-
-    def _trust_region(self, samples: Sequence[Sample], start: dict[str, torch.Tensor],
-                      max_kl: float) -> tuple[float, float]:
-        """Pull the step back towards ``start`` (the weights before it) until its exact KL is
-        at most ``max_kl``; returns (that KL, the share of the step kept)."""
-        import torch
-
-        kl = self._step_kl(samples, start)
-        if kl <= max_kl:
-            return kl, 1.0
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            moved = {name: p.detach() - start[name] for name, p in params.items()}
-            scale = 1.0
-            for _ in range(self.MAX_HALVINGS):
-                scale /= 2
-                for name, p in params.items():
-                    torch.add(start[name], moved[name], alpha=scale, out=p.data)
-                kl = self._step_kl(samples, start)
-                if kl <= max_kl:
-                    return kl, scale
-            for name, p in params.items():
-                p.data.copy_(start[name])
-        log.info("step %d: even 1/%d of the update passed max_kl %g (KL %.3g): not applied",
-                 self.version + 1, 2 ** self.MAX_HALVINGS, max_kl, kl)
-        return 0.0, 0.0
-
     def _step_kl(self, samples: Sequence[Sample], start: dict[str, torch.Tensor]) -> float:
         """The exact KL(π_start ‖ π_θ) over the vocabulary, mean over the trained tokens:
         π_start is the model with the weights ``start``, π_θ with its own."""
         import torch
         from torch.func import functional_call
 
-        from tempering.train.losses import vocab_kl
+        from tempering.train.trust_region import vocab_kl
 
         total = torch.zeros(2, device=self.device)  # (KL summed over tokens, tokens)
         with torch.no_grad():
             for group in pack([len(s.ids) for s in samples], self.config.micro_batch_tokens):
                 batch = collate([samples[i] for i in group], self.device)
-                keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)  # positions predicting
+                keep, select = self._positions(batch)
                 if not len(keep):
                     continue
-                select = self._logits_to_keep and len(keep) < batch.ids.shape[1] - 1
                 inputs = {"input_ids": batch.ids, "attention_mask": batch.attention,
                           "use_cache": False, **({"logits_to_keep": keep} if select else {})}
                 with torch.autocast(self.device.type, dtype=torch.bfloat16,
@@ -501,10 +476,7 @@ class Learner:
 
         from tempering.train.losses import target_logprobs, token_logprobs
 
-        # Only positions whose next token is trained need the vocabulary projection, usually
-        # the largest matrix product and, with its log-softmax, the largest activation.
-        keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)  # (K,) columns t predicting t+1
-        select = self._logits_to_keep and 0 < len(keep) < batch.ids.shape[1] - 1
+        keep, select = self._positions(batch)
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.config.dtype == "bfloat16"):
             logits = model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False,
@@ -515,6 +487,14 @@ class Learner:
                                  self.config.temperature)  # (B, K)
         out = torch.zeros(batch.ids.shape, dtype=picked.dtype, device=picked.device)
         return out.index_copy(1, keep + 1, picked)  # (B, T), differentiable in picked
+
+    def _positions(self, batch: PaddedBatch) -> tuple[torch.Tensor, bool]:
+        """The columns (K,) whose logits are needed, t predicting a trained token t + 1, and
+        whether to ask the model for those alone (``logits_to_keep``) or slice them after.
+        Only they need the vocabulary projection, usually the largest matrix product and,
+        with its log-softmax, the largest activation."""
+        keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)
+        return keep, self._logits_to_keep and 0 < len(keep) < batch.ids.shape[1] - 1
 
     def _check(self, samples: Sequence[Sample]) -> None:
         if not samples:

@@ -71,21 +71,6 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor,
             - torch.logsumexp(logits, dim=-1))  # (B, K)
 
 
-def vocab_kl(before: torch.Tensor, after: torch.Tensor,
-             temperature: float = 1.0) -> torch.Tensor:
-    """KL(π_before ‖ π_after) over the whole vocabulary at each position: logits (B, K, V) of
-    the two policies at the same positions, under ``softmax(logits / temperature)``. Returns
-    (B, K) in float32.
-
-    Unlike the k3 estimate on the sampled tokens, this sees probability mass moving between
-    tokens that were not sampled: a token held at 0.999 that falls to 0.9 has a sampled-token
-    k3 of 0.005, while the 0.1 that went to tokens nobody sampled (a malformed call) makes the
-    exact KL about 0.1."""
-    log_p = torch.log_softmax(before.float() / temperature, dim=-1)
-    log_q = torch.log_softmax(after.float() / temperature, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` (B, T) over the tokens where ``mask`` (B, T) is 1; 0 if none."""
     mask = mask.to(values.dtype)

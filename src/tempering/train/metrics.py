@@ -143,7 +143,7 @@ _GROUPS = {"reward": "rollout", "ok_frac": "rollout", "episodes": "rollout",
            "collapse": "run", "rollback": "run",
            "staleness": "staleness", "learner": "learner", "wait": "learner", "loss": "loss",
            "pg_loss": "loss", "kl": "loss", "clip": "loss", "grad": "loss", "is_": "loss",
-           "approx": "loss", "ratio": "loss", "sandbox": "utilisation",
+           "approx": "loss", "step_": "loss", "ratio": "loss", "sandbox": "utilisation",
            "inference": "utilisation", "samples": "throughput", "tokens": "throughput",
            "buffered": "buffer", "dropped": "buffer"}
 
