@@ -418,7 +418,6 @@ class Learner:
         """The exact KL(π_start ‖ π_θ) over the vocabulary, mean over the trained tokens:
         π_start is the model with the weights ``start``, π_θ with its own."""
         import torch
-        from torch.func import functional_call
 
         from tempering.train.trust_region import vocab_kl
 
@@ -429,12 +428,8 @@ class Learner:
                 keep, select = self._positions(batch)
                 if not len(keep):
                     continue
-                inputs = {"input_ids": batch.ids, "attention_mask": batch.attention,
-                          "use_cache": False, **({"logits_to_keep": keep} if select else {})}
-                with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                    enabled=self.config.dtype == "bfloat16"):
-                    before = functional_call(self.model, start, args=(), kwargs=inputs).logits
-                    after = self.model(**inputs).logits
+                before = self._logits(self.model, batch, keep, select, params=start)
+                after = self._logits(self.model, batch, keep, select)
                 if not select:
                     before, after = before[:, keep], after[:, keep]
                 mask = batch.mask[:, keep + 1]  # (B, K): the tokens these positions predict
@@ -477,10 +472,7 @@ class Learner:
         from tempering.train.losses import target_logprobs, token_logprobs
 
         keep, select = self._positions(batch)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                            enabled=self.config.dtype == "bfloat16"):
-            logits = model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False,
-                           **({"logits_to_keep": keep} if select else {})).logits
+        logits = self._logits(model, batch, keep, select)
         if not select:
             return token_logprobs(logits, batch.ids, self.config.temperature)  # (B, T)
         picked = target_logprobs(logits, batch.ids[:, keep + 1],
@@ -495,6 +487,23 @@ class Learner:
         with its log-softmax, the largest activation."""
         keep = batch.mask[:, 1:].any(0).nonzero().squeeze(-1)
         return keep, self._logits_to_keep and 0 < len(keep) < batch.ids.shape[1] - 1
+
+    def _logits(self, model: Any, batch: PaddedBatch, keep: torch.Tensor, select: bool,
+                params: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``model``'s logits for the batch (``_positions``: at the columns ``keep`` alone
+        where ``select``, else at every column), with the weights ``params`` in place of its
+        own where given."""
+        import torch
+        from torch.func import functional_call
+
+        inputs = {"input_ids": batch.ids, "attention_mask": batch.attention, "use_cache": False,
+                  **({"logits_to_keep": keep} if select else {})}
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=self.config.dtype == "bfloat16"):
+            out = (model(**inputs) if params is None else
+                   functional_call(model, dict(params), args=(), kwargs=inputs))
+        logits: torch.Tensor = out.logits
+        return logits
 
     def _check(self, samples: Sequence[Sample]) -> None:
         if not samples:
